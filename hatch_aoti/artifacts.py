@@ -1,0 +1,82 @@
+"""Lay out compiled artifacts and the loader the way the wheel ships them.
+
+A ``.pt2`` is a zip; the runtime cannot ``dlopen`` a library inside a zip, and torch's
+own loader extracts the whole archive to a temp dir on every load. So the wheel ships
+the archive's files unpacked (``<package>/_aoti/<model>/...``): the loader maps the
+shared library in place and writes nothing. The loader's ``save_pt2()`` zips the same
+files back into a standard package for people who deploy elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+ARTIFACT_DIR = "_aoti"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+def template_path(name: str = "compiled.py") -> Path:
+    """A template, shipped as ``hatch_aoti/templates`` (or ``templates/`` in a checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates" / name, here.parent / "templates" / name):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"hatch-aoti is installed without its template templates/{name}")
+
+
+def editable_finder(module: str, file: str) -> str:
+    """Source of the finder that maps ``module`` to ``file`` (relative to site-packages)."""
+    text = template_path("editable_finder.py").read_text(encoding="utf-8")
+    return text.replace("{{module}}", module).replace("{{file}}", file)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
+    """Unpack one model's ``.pt2`` under ``artifact_root/name``; describe what the loader needs."""
+    target = artifact_root / name
+    if target.exists():
+        shutil.rmtree(target)
+    members: list[str] = []
+    with zipfile.ZipFile(pt2) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            top, _, rest = info.filename.partition("/")
+            if not rest or ".." in Path(rest).parts:
+                raise ValueError(f"unexpected member {info.filename!r} in {pt2.name}")
+            dest = target / rest
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as src, dest.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            members.append(rest)
+    libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
+    if len(libraries) != 1:
+        raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
+    library = target / libraries[0]
+    return {
+        "package_dir": name,
+        "file": f"{name}/{libraries[0]}",
+        "sha256": sha256(library),
+        "members": members,
+    }
+
+
+def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:
+    """Write ``<loader>.py`` and ``_aoti/manifest.json`` into a staged package directory."""
+    (package_dir / ARTIFACT_DIR).mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=2, sort_keys=False) + "\n"
+    (package_dir / ARTIFACT_DIR / MANIFEST).write_text(text, encoding="utf-8")
+    shutil.copyfile(template_path(), package_dir / f"{loader}.py")

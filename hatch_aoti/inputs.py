@@ -1,0 +1,274 @@
+"""Example inputs and dynamic shapes: from TOML declarations or from user code.
+
+Runs inside the worker (it imports torch). A *sample* is always normalised to
+``(args: tuple, kwargs: dict)`` so export, verification and inference share one shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec
+
+Sample = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+class InputError(Exception):
+    """An input problem, reported against a TOML key of the model."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+@dataclass
+class InputPlan:
+    """What export and verification need: samples, dims and a plain description."""
+
+    export_sample: Sample
+    verify_samples: list[tuple[str, Sample]]
+    """(label, sample) pairs; the label says which sizes were tried."""
+    dynamic_shapes: dict[str, Any] | None
+    """Keyed by ``forward`` parameter name, as ``torch.export.export`` accepts."""
+    dims: dict[str, tuple[int, int | None]]
+    """Named dynamic dims and their (min, max) as built."""
+    description: dict[str, Any]
+    """JSON-safe input description kept in the artifact's metadata."""
+
+
+def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing compiled with eager outputs of one dtype."""
+    if dtype in (torch.float16,):
+        return 1e-3, 1e-3
+    if dtype in (torch.bfloat16,):
+        return 1.6e-2, 1e-2
+    if dtype in (torch.float64, torch.complex128):
+        return 1e-7, 1e-7
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1e-4, 1e-5
+    return 0.0, 0.0
+
+
+def _example_size(bounds: DimSpec) -> int:
+    """A size inside the bounds that torch.export will not specialise (it does for 0 and 1)."""
+    size = max(bounds.min if bounds.min is not None else 0, 2)
+    if bounds.max is not None:
+        size = min(size, bounds.max)
+    return size
+
+
+def _make_tensor(spec: TensorSpec, sizes: dict[str, int], device: str, gen: torch.Generator) -> torch.Tensor:
+    shape = [sizes[d] if isinstance(d, str) else d for d in spec.shape]
+    dtype = getattr(torch, spec.dtype)
+    if dtype == torch.bool:
+        out = torch.randint(0, 2, shape, generator=gen).bool()
+    elif dtype.is_floating_point or dtype.is_complex:
+        if spec.low is not None or spec.high is not None:
+            low = spec.low if spec.low is not None else 0.0
+            high = spec.high if spec.high is not None else low + 1.0
+            out = torch.rand(shape, generator=gen, dtype=torch.float64) * (high - low) + low
+        else:
+            out = torch.randn(shape, generator=gen, dtype=torch.float64)
+        out = out.to(dtype)
+    else:
+        info = torch.iinfo(dtype)
+        low = int(spec.low) if spec.low is not None else max(0, info.min)
+        high = int(spec.high) if spec.high is not None else min(100, info.max)
+        out = torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dtype)
+    return out.to(spec.device or device)
+
+
+def _declared_dims(model: ModelSpec) -> dict[str, DimSpec]:
+    names: list[str] = []
+    for spec in (*(model.inputs or ()), *model.kwargs.values()):
+        names += [d for d in spec.shape if isinstance(d, str) and d not in names]
+    return {n: model.dynamic.get(n, DimSpec()) for n in names}
+
+
+def _verify_sizes(dims: dict[str, DimSpec], example: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
+    """Example sizes, then every dim at its min, at a middle value and at its max."""
+    out = [("example", example)]
+    if not dims:
+        return out
+    lows = {n: (b.min if b.min is not None else 2) for n, b in dims.items()}
+    highs = {n: (b.max if b.max is not None else 2 * example[n] + 1) for n, b in dims.items()}
+    mids = {n: (lows[n] + highs[n]) // 2 for n in dims}
+    for label, sizes in (("min", lows), ("mid", mids), ("max", highs)):
+        if all(sizes != seen for _, seen in out):
+            out.append((label, sizes))
+    return out
+
+
+def _describe(tensor_spec: TensorSpec) -> dict[str, Any]:
+    return {"shape": list(tensor_spec.shape), "dtype": tensor_spec.dtype}
+
+
+def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> InputPlan:
+    """Build samples and dims from ``inputs``/``kwargs``/``dynamic`` in TOML."""
+    dims = _declared_dims(model)
+    torch_dims = {
+        n: torch.export.Dim(n, **{k: v for k, v in (("min", b.min), ("max", b.max)) if v is not None})
+        for n, b in dims.items()
+    }
+    example = {n: _example_size(b) for n, b in dims.items()}
+
+    def sample(sizes: dict[str, int]) -> Sample:
+        gen = torch.Generator().manual_seed(seed)
+        args = tuple(_make_tensor(s, sizes, model.device, gen) for s in model.inputs or ())
+        kwargs = {k: _make_tensor(s, sizes, model.device, gen) for k, s in model.kwargs.items()}
+        return args, kwargs
+
+    dynamic_shapes = None
+    if dims:
+        dynamic_shapes = {}
+        specs = list(zip(param_names, model.inputs or ())) + list(model.kwargs.items())
+        for pname, spec in specs:
+            axes = {i: torch_dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
+            dynamic_shapes[pname] = axes or None
+    return InputPlan(
+        export_sample=sample(example),
+        verify_samples=[(label, sample(sizes)) for label, sizes in _verify_sizes(dims, example)],
+        dynamic_shapes=dynamic_shapes,
+        dims={n: (b.min if b.min is not None else 0, b.max) for n, b in dims.items()},
+        description={
+            "args": [_describe(s) for s in model.inputs or ()],
+            "kwargs": {k: _describe(s) for k, s in model.kwargs.items()},
+        },
+    )
+
+
+def normalise_samples(value: Any) -> list[Sample]:
+    """Accept ``(args,)``-style tuples, ``((args), {kwargs})`` pairs, or a list of either."""
+
+    def one(item: Any) -> Sample:
+        if isinstance(item, torch.Tensor):
+            return (item,), {}
+        if (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], (tuple, list))
+            and isinstance(item[1], dict)
+        ):
+            return tuple(item[0]), dict(item[1])
+        if isinstance(item, tuple):
+            return item, {}
+        raise InputError(
+            "example-inputs",
+            f"must return (args,), ((args), {{kwargs}}) or a list of those, got {type(item).__name__}",
+        )
+
+    if isinstance(value, list):
+        if not value:
+            raise InputError("example-inputs", "returned an empty list of samples")
+        return [one(v) for v in value]
+    return [one(value)]
+
+
+def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list[str]) -> InputPlan:
+    """Infer dynamic dims from several samples (see README, "Dynamic dims from samples").
+
+    An axis whose size differs between samples is dynamic. Axes whose sizes move in
+    lockstep across all samples are the same dim (a shared batch or sequence length).
+    Bounds cover what was seen unless ``dynamic`` widens them.
+    """
+    specs = [pytree.tree_flatten(s) for s in samples]
+    first_leaves, first_spec = specs[0]
+    for i, (leaves, spec) in enumerate(specs[1:], start=1):
+        if spec != first_spec:
+            raise InputError("example-inputs", f"sample {i} has a different structure from sample 0")
+    tensors = [i for i, leaf in enumerate(first_leaves) if isinstance(leaf, torch.Tensor)]
+    for i, (leaves, _) in enumerate(specs[1:], start=1):
+        for t in tensors:
+            if leaves[t].dim() != first_leaves[t].dim():
+                raise InputError("example-inputs", f"sample {i}: input {t} has rank {leaves[t].dim()}, "
+                                 f"sample 0 has {first_leaves[t].dim()}")
+
+    # Group varying axes by their size sequence across samples.
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for t in tensors:
+        for axis in range(first_leaves[t].dim()):
+            seq = tuple(int(leaves[t].shape[axis]) for leaves, _ in specs)
+            if len(set(seq)) > 1:
+                groups.setdefault(seq, []).append((t, axis))
+    names: dict[tuple[int, int], str] = {}
+    dims: dict[str, tuple[int, int | None]] = {}
+    for k, (seq, members) in enumerate(groups.items()):
+        name = "batch" if any(axis == 0 for _, axis in members) and "batch" not in dims else f"dim{k}"
+        declared = model.dynamic.get(name, DimSpec())
+        lo = min(seq) if declared.min is None else min(declared.min, min(seq))
+        hi = max(seq) if declared.max is None else max(declared.max, max(seq))
+        dims[name] = (lo, hi)
+        for member in members:
+            names[member] = name
+    for name in model.dynamic:
+        if name not in dims:
+            raise InputError(f"dynamic.{name}", f"no inferred dim is called {name!r}; inferred: "
+                             f"{', '.join(dims) or 'none (no size differs between samples)'}")
+
+    # Export from the sample whose dynamic sizes are all >= 2 (size 1 would be specialised).
+    order = sorted(range(len(samples)), key=lambda i: min(
+        [int(specs[i][0][t].shape[a]) for (t, a) in names] or [2]) < 2)
+    export_index = order[0]
+    dynamic_shapes = None
+    if dims:
+        torch_dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in dims.items()}
+        per_leaf = [
+            {a: torch_dims[names[(t, a)]] for (tt, a) in names if tt == t} or None
+            if isinstance(leaf, torch.Tensor) else None
+            for t, leaf in enumerate(first_leaves)
+        ]
+        args_shapes, kwargs_shapes = pytree.tree_unflatten(per_leaf, first_spec)
+        dynamic_shapes = dict(zip(param_names, args_shapes))
+        dynamic_shapes.update(kwargs_shapes)
+
+    verify = [(f"sample {i}", s) for i, s in enumerate(samples)]
+    if dims:
+        base = samples[export_index]
+        for label, pick in (("min", 0), ("max", 1)):
+            target = {n: b[pick] for n, b in dims.items() if b[pick] is not None}
+            seen = all(any(int(specs[i][0][t].shape[a]) == target.get(names[(t, a)]) for i in range(len(samples)))
+                       for (t, a) in names)
+            if not seen:
+                verify.append((label, _resize(base, names, target)))
+    leaves_desc = [
+        {"shape": [names.get((t, a), int(s)) for a, s in enumerate(leaf.shape)], "dtype": str(leaf.dtype)[6:]}
+        if isinstance(leaf, torch.Tensor) else repr(leaf)
+        for t, leaf in enumerate(first_leaves)
+    ]
+    return InputPlan(
+        export_sample=samples[export_index],
+        verify_samples=verify,
+        dynamic_shapes=dynamic_shapes,
+        dims=dims,
+        description={"samples": len(samples), "leaves": leaves_desc},
+    )
+
+
+def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str, int]) -> Sample:
+    """A copy of ``sample`` with dynamic axes set to ``target`` sizes (values repeated)."""
+    leaves, spec = pytree.tree_flatten(sample)
+    out = []
+    for t, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            for (tt, axis), name in names.items():
+                if tt == t and name in target:
+                    size = target[name]
+                    reps = -(-size // max(leaf.shape[axis], 1))
+                    leaf = torch.cat([leaf] * reps, dim=axis).narrow(axis, 0, size)
+        out.append(leaf)
+    return pytree.tree_unflatten(out, spec)
+
+
+__all__ = [
+    "InputError",
+    "InputPlan",
+    "Sample",
+    "default_tolerances",
+    "normalise_samples",
+    "plan_declared",
+    "plan_from_samples",
+]

@@ -1,0 +1,80 @@
+"""Compare compiled outputs with eager ones: structure, NaN/Inf, then values.
+
+A wheel that ships wrong numbers is worse than no wheel, so any mismatch fails the
+build with the largest errors found, and the report of what was tried is kept in the
+artifact's metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hatch_aoti.inputs import default_tolerances
+
+
+class VerificationError(Exception):
+    """Compiled and eager outputs disagree."""
+
+
+@dataclass
+class Comparison:
+    label: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def compare(
+    label: str, eager: Any, compiled: Any, rtol: float | None, atol: float | None
+) -> Comparison:
+    """Compare one output pytree pair; problems are collected, not raised."""
+    result = Comparison(label)
+    e_leaves, e_spec = pytree.tree_flatten(eager)
+    c_leaves, c_spec = pytree.tree_flatten(compiled)
+    if e_spec != c_spec:
+        result.problems.append(f"output structure differs: eager {e_spec}, compiled {c_spec}")
+        return result
+    for i, (e, c) in enumerate(zip(e_leaves, c_leaves)):
+        where = f"output {i}"
+        if not isinstance(e, torch.Tensor):
+            if e != c:
+                result.problems.append(f"{where}: eager {e!r}, compiled {c!r}")
+            continue
+        if not isinstance(c, torch.Tensor):
+            result.problems.append(f"{where}: compiled returned {type(c).__name__}, eager a tensor")
+            continue
+        if e.shape != c.shape or e.dtype != c.dtype:
+            result.problems.append(
+                f"{where}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}"
+            )
+            continue
+        e, c = e.detach().cpu(), c.detach().cpu()
+        if e.is_floating_point() or e.is_complex():
+            bad = ~torch.isfinite(c) & torch.isfinite(e)
+            if bool(bad.any()):
+                result.problems.append(f"{where}: compiled has {int(bad.sum())} NaN/Inf values where eager has none")
+                continue
+        default_rtol, default_atol = default_tolerances(e.dtype)
+        r = default_rtol if rtol is None else rtol
+        a = default_atol if atol is None else atol
+        if e.numel() == 0:
+            continue
+        ed, cd = e.to(torch.complex128 if e.is_complex() else torch.float64), c.to(
+            torch.complex128 if c.is_complex() else torch.float64
+        )
+        finite = torch.isfinite(ed) & torch.isfinite(cd)
+        diff = (ed - cd).abs().where(finite, torch.zeros((), dtype=torch.float64))
+        rel = diff / ed.abs().clamp_min(torch.finfo(torch.float64).tiny)
+        max_abs, max_rel = float(diff.max()), float(rel.where(diff > 0, torch.zeros((), dtype=torch.float64)).max())
+        result.max_abs = max(result.max_abs, max_abs)
+        result.max_rel = max(result.max_rel, max_rel)
+        if not torch.allclose(cd, ed, rtol=r, atol=a, equal_nan=True):
+            result.problems.append(
+                f"{where}: values differ beyond rtol={r:g}, atol={a:g} "
+                f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
+            )
+    return result

@@ -1,0 +1,256 @@
+"""The build worker: import factories, export, compile, verify. Run as ``python -m hatch_aoti.worker JOB``.
+
+It runs in its own process so that torch is never imported into the build backend and
+a compiler crash (or a segfault in user code) becomes a build error with a message,
+not a dead frontend. It talks to the hook through JSON lines on a pipe whose fd is in
+``HATCH_AOTI_EVENT_FD``; the user's own prints go to the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+EXIT_CONFIG = 3
+EXIT_MODEL = 4
+
+
+class _Events:
+    def __init__(self, fd: int | None) -> None:
+        self._file = os.fdopen(fd, "w", buffering=1, encoding="utf-8") if fd is not None else None
+
+    def emit(self, event: str, **data: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"event": event, **data}) + "\n")
+
+
+def _resolve(entry_point: str) -> Any:
+    module_name, _, attr = entry_point.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _short_exception(exc: BaseException) -> str:
+    """The exception line, plus where in user code it came from (not our frames)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "hatch_aoti" not in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class ModelJob:
+    """One model on its way through the worker."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.module: Any = None
+        self.plan: Any = None
+        self.entry: dict[str, Any] = {}
+
+
+def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
+    """Everything that can be wrong before compiling: imports, modules, inputs vs signature."""
+    import torch
+
+    from hatch_aoti import inputs as inputs_mod
+
+    for job in jobs:
+        spec = job.spec
+        path = spec.path
+        if spec.device.startswith("cuda") and not torch.cuda.is_available():
+            problems.append((f"{path}.device", f"is {spec.device!r}, but torch {torch.__version__} on this "
+                             "build machine sees no CUDA device"))
+            continue
+        try:
+            factory = _resolve(spec.factory)
+        except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
+            problems.append((f"{path}.factory", f"cannot import {spec.factory!r}: {_short_exception(exc)}"))
+            continue
+        if not callable(factory):
+            problems.append((f"{path}.factory", f"{spec.factory!r} is a {type(factory).__name__}, not a callable"))
+            continue
+        try:
+            module = factory()
+        except Exception as exc:  # noqa: BLE001
+            problems.append((f"{path}.factory", f"calling {spec.factory!r} failed: {_short_exception(exc)}"))
+            continue
+        if not isinstance(module, torch.nn.Module):
+            problems.append((f"{path}.factory", f"{spec.factory!r} returned {type(module).__name__}, "
+                             "not a torch.nn.Module"))
+            continue
+        module = module.to(spec.device).eval()
+        params = [
+            p.name for p in inspect.signature(module.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        try:
+            if spec.example_inputs is not None:
+                try:
+                    make = _resolve(spec.example_inputs)
+                except Exception as exc:  # noqa: BLE001
+                    raise inputs_mod.InputError("example-inputs", f"cannot import {spec.example_inputs!r}: "
+                                                f"{_short_exception(exc)}") from None
+                if not callable(make):
+                    raise inputs_mod.InputError("example-inputs", f"{spec.example_inputs!r} is not callable")
+                samples = inputs_mod.normalise_samples(make())
+                plan = inputs_mod.plan_from_samples(spec, samples, params)
+            else:
+                plan = inputs_mod.plan_declared(spec, params)
+        except inputs_mod.InputError as exc:
+            problems.append((f"{path}.{exc.key}", str(exc)))
+            continue
+        except Exception as exc:  # noqa: BLE001
+            key = "example-inputs" if spec.example_inputs else "inputs"
+            problems.append((f"{path}.{key}", _short_exception(exc)))
+            continue
+        args, kwargs = plan.export_sample
+        try:
+            inspect.signature(module.forward).bind(*args, **kwargs)
+        except TypeError as exc:
+            key = "example-inputs" if spec.example_inputs else "inputs"
+            problems.append((f"{path}.{key}", f"do not match {type(module).__name__}.forward"
+                             f"{inspect.signature(module.forward)}: {exc}"))
+            continue
+        job.module, job.plan = module, plan
+
+
+def compile_one(job: ModelJob, pt2_dir: Path, artifact_root: Path) -> dict[str, Any]:
+    import torch
+    import torch._inductor
+
+    from hatch_aoti.artifacts import unpack_pt2
+
+    spec, plan = job.spec, job.plan
+    args, kwargs = plan.export_sample
+    try:
+        exported = torch.export.export(job.module, args, kwargs, dynamic_shapes=plan.dynamic_shapes)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelFailure(spec.name, "export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
+    pt2 = pt2_dir / f"{spec.name}.pt2"
+    try:
+        torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(pt2), inductor_configs=dict(spec.inductor_configs)
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise ModelFailure(spec.name, "compile", f"AOTInductor failed: {type(exc).__name__}: {exc}") from None
+    entry = unpack_pt2(pt2, artifact_root, spec.name)
+    entry.update(
+        device=spec.device,
+        inputs=plan.description,
+        dynamic={name: {"min": lo, "max": hi} for name, (lo, hi) in plan.dims.items()},
+        inductor_configs=dict(spec.inductor_configs),
+    )
+    return entry
+
+
+class ModelFailure(Exception):
+    def __init__(self, model: str, stage: str, message: str) -> None:
+        self.model, self.stage = model, stage
+        super().__init__(message)
+
+
+def verify_one(job: ModelJob, loader: Any) -> dict[str, Any]:
+    import torch
+
+    from hatch_aoti.verify import compare
+
+    spec = job.spec
+    compiled = loader.load(spec.name)
+    tried = []
+    for label, (args, kwargs) in job.plan.verify_samples:
+        shapes = [list(t.shape) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        with torch.no_grad():
+            try:
+                expected = job.module(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                raise ModelFailure(spec.name, "verify", f"eager model failed on {label} inputs {shapes}: "
+                                   f"{_short_exception(exc)}") from None
+            try:
+                actual = compiled(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                raise ModelFailure(spec.name, "verify", f"compiled model failed on {label} inputs {shapes}: "
+                                   f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        result = compare(label, expected, actual, spec.rtol, spec.atol)
+        if result.problems:
+            raise ModelFailure(spec.name, "verify", f"compiled output differs from eager on {label} inputs "
+                               f"{shapes}: " + "; ".join(result.problems))
+        tried.append({"inputs": label, "shapes": shapes, "max_abs_err": result.max_abs, "max_rel_err": result.max_rel})
+    return {"passed": True, "rtol": spec.rtol, "atol": spec.atol, "tried": tried}
+
+
+def _import_file(name: str, path: Path) -> Any:
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def run(job: dict[str, Any], emit: Callable[..., None]) -> int:
+    from hatch_aoti import __version__
+    from hatch_aoti.artifacts import ARTIFACT_DIR, write_loader
+    from hatch_aoti.config import ModelSpec
+
+    for entry in reversed(job["sys_path"]):
+        sys.path.insert(0, entry)
+    import torch
+
+    jobs = [ModelJob(ModelSpec.from_json(m)) for m in job["models"]]
+    problems: list[tuple[str, str]] = []
+    check(jobs, problems)
+    if problems:
+        emit("config_errors", problems=problems)
+        return EXIT_CONFIG
+
+    stage = Path(job["stage"])
+    package_dir = stage / "package"
+    artifact_root = package_dir / ARTIFACT_DIR
+    pt2_dir = stage / "pt2"
+    pt2_dir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, dict[str, Any]] = {}
+    manifest = {"hatch_aoti": __version__, "torch": torch.__version__, "models": entries}
+    try:
+        for j in jobs:
+            start = time.perf_counter()
+            emit("model_start", model=j.spec.name)
+            entries[j.spec.name] = compile_one(j, pt2_dir, artifact_root)
+            emit("model_compiled", model=j.spec.name, seconds=time.perf_counter() - start)
+        write_loader(package_dir, job["loader"], manifest)
+        loader = _import_file(f"_hatch_aoti_staged_{job['loader']}", package_dir / f"{job['loader']}.py")
+        for j in jobs:
+            start = time.perf_counter()
+            if j.spec.verify:
+                entries[j.spec.name]["verification"] = report = verify_one(j, loader)
+                worst = max((t["max_abs_err"] for t in report["tried"]), default=0.0)
+                emit("model_verified", model=j.spec.name, seconds=time.perf_counter() - start,
+                     samples=len(report["tried"]), max_abs_err=worst)
+            else:
+                entries[j.spec.name]["verification"] = {"passed": None, "skipped": "verify = false"}
+                emit("model_verified", model=j.spec.name, skipped=True)
+    except ModelFailure as exc:
+        emit("model_error", model=exc.model, stage=exc.stage, message=str(exc))
+        return EXIT_MODEL
+    write_loader(package_dir, job["loader"], manifest)
+    emit("done", torch=torch.__version__)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    fd = os.environ.get("HATCH_AOTI_EVENT_FD")
+    events = _Events(int(fd) if fd else None)
+    return run(job, events.emit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
