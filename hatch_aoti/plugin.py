@@ -43,7 +43,7 @@ class AotiBuildHook(BuildHookInterface):
             self._initialize(version, build_data)
         except (ConfigError, BuildFailed) as exc:
             self._cleanup()
-            self.app.abort(f"hatch-aoti: {exc}")
+            self.app.abort(str(exc) if isinstance(exc, ConfigError) else f"hatch-aoti: {exc}")
             raise  # abort() exits; this only runs if an app stub returns
         except BaseException:
             self._cleanup()

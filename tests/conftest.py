@@ -1,0 +1,125 @@
+"""Shared fixtures: real frontends, real wheels, a fresh runtime venv without hatch-aoti.
+
+Compiling costs 10-25 s per model here, so each test project is built once per session
+and every test that needs its wheel shares it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import venv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TORCH_PIN = os.environ.get("HATCH_AOTI_TEST_TORCH", "torch==2.13.0")
+
+
+def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+            f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """hatch-aoti's own wheel, so isolated builds can install it from `PIP_FIND_LINKS`."""
+    out = tmp_path_factory.mktemp("wheelhouse")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)])
+    assert list(out.glob("hatch_aoti-*.whl"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def build_env(wheelhouse: Path) -> dict[str, str]:
+    """Environment for frontends: our wheelhouse first, existing find-links kept."""
+    links = [str(wheelhouse), *filter(None, os.environ.get("PIP_FIND_LINKS", "").split())]
+    env = {**os.environ, "PIP_FIND_LINKS": " ".join(links)}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@dataclass
+class Runtime:
+    """A fresh venv with torch but not hatch-aoti: what a wheel's user has."""
+
+    python: Path
+
+    def pip_install(self, *args: str) -> None:
+        run([str(self.python), "-m", "pip", "install", "--no-index", "-q", *args])
+
+    def run(self, code: str, *, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return run([str(self.python), "-c", textwrap.dedent(code)], check=check, cwd=cwd or self.python.parent,
+                   env=env)
+
+    def json(self, code: str) -> object:
+        """Run ``code``, which must print one JSON document as its last line."""
+        return json.loads(self.run(code).stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
+    root = tmp_path_factory.mktemp("runtime-venv")
+    venv.EnvBuilder(with_pip=True).create(root)
+    python = root / "bin" / "python"
+    run([str(python), "-m", "pip", "install", "-q", TORCH_PIN])
+    probe = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('hatch_aoti') is None)"], cwd=root)
+    assert probe.stdout.strip() == "True", "the runtime venv must not have hatch-aoti"
+    return Runtime(python)
+
+
+def copy_project(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("dist", "build", "__pycache__", "*.egg-info"))
+    return dest
+
+
+def write_project(
+    root: Path, name: str, hook_toml: str, files: dict[str, str], *, requires: str = "", src: bool = False
+) -> Path:
+    """A minimal hatchling project whose package ``name`` (under ``src/`` if asked) holds ``files``."""
+    requires = requires or '"hatchling", "hatch-aoti", "torch==2.13.*"'
+    package = root / "src" / name if src else root / name
+    package.mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [build-system]
+            requires = [{requires}]
+            build-backend = "hatchling.build"
+
+            [project]
+            name = "{name.replace('_', '-')}"
+            version = "1.0"
+            """
+        )
+        + textwrap.dedent(hook_toml),
+        encoding="utf-8",
+    )
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    for rel, text in files.items():
+        (package / rel).write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+def build_no_isolation(project: Path, out: Path, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -m build --wheel --no-isolation`` with this interpreter (hatch-aoti installed)."""
+    return run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)],
+               check=check, cwd=project)
+
+
+@pytest.fixture(scope="session")
+def tmp_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("projects")

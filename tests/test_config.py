@@ -1,0 +1,157 @@
+"""Config validation without compiling anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from hatch_aoti.config import HOOK_PATH, ConfigError, DimSpec, ModelSpec, TensorSpec, parse_settings
+
+M = f"{HOOK_PATH}.models"
+
+
+def problems(raw: dict) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(raw)
+    return dict(info.value.problems)
+
+
+def test_minimal_model_parses_with_defaults() -> None:
+    settings = parse_settings(
+        {"models": {"mlp": {"factory": "pkg.models:build", "inputs": [{"shape": [4, 128], "dtype": "float32"}]}}}
+    )
+    (model,) = settings.models
+    assert model.name == "mlp"
+    assert model.inputs == (TensorSpec((4, 128), "float32"),)
+    assert model.device == "cpu" and model.verify is True and model.rtol is None
+    assert settings.loader == "compiled" and settings.package is None and settings.torch_requirement is None
+
+
+def test_reserved_hatch_keys_are_ignored() -> None:
+    settings = parse_settings(
+        {
+            "dependencies": ["x"],
+            "enable-by-default": True,
+            "require-runtime-dependencies": False,
+            "require-runtime-features": [],
+            "models": {"m": {"factory": "a:b", "inputs": []}},
+        }
+    )
+    assert [m.name for m in settings.models] == ["m"]
+
+
+def test_every_problem_is_reported_at_once_with_its_path() -> None:
+    found = problems(
+        {
+            "packag": "x",
+            "models": {
+                "mlp": {"factroy": "pkg:build", "inputs": [{"shape": [4, "b"], "dtype": "flaot32"}]},
+                "other": {"factory": "not an entry point", "inputs": [{"shape": [-1]}], "rtol": -1},
+            },
+        }
+    )
+    assert found[f"{HOOK_PATH}.packag"].startswith("unknown key (did you mean `package`?)")
+    assert "did you mean `factory`" in found[f"{M}.mlp.factroy"]
+    assert "is required" in found[f"{M}.mlp.factory"]
+    assert "did you mean `float32`" in found[f"{M}.mlp.inputs[0].dtype"]
+    assert "module:attr" in found[f"{M}.other.factory"]
+    assert "size >= 0" in found[f"{M}.other.inputs[0].shape[0]"]
+    assert f"{M}.other.rtol" in found
+    assert len(found) == 7
+
+
+def test_error_message_lists_each_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [1], "dtype": "nope"}]}}})
+    text = str(info.value)
+    assert text.startswith("hatch-aoti found 1 problem in pyproject.toml:")
+    assert f"{M}.m.inputs[0].dtype: unknown dtype 'nope'" in text
+
+
+@pytest.mark.parametrize(
+    ("model", "path", "fragment"),
+    [
+        ({"factory": "a:b"}, "m", "needs example inputs"),
+        ({"factory": "a:b", "inputs": [], "example-inputs": "a:c"}, "m", "not both"),
+        ({"factory": "a:b", "inputs": "x"}, "m.inputs", "must be an array"),
+        ({"factory": "a:b", "inputs": [3]}, "m.inputs[0]", "must be a table"),
+        ({"factory": "a:b", "inputs": [{"dtype": "float32"}]}, "m.inputs[0].shape", "is required"),
+        ({"factory": "a:b", "inputs": [{"shape": [2], "device": "tpu"}]}, "m.inputs[0].device", "cuda"),
+        ({"factory": "a:b", "inputs": [{"shape": [2], "low": 5, "high": 1}]}, "m.inputs[0]", "below `high`"),
+        ({"factory": "a:b", "inputs": [], "device": "gpu"}, "m.device", "cuda"),
+        ({"factory": "a:b", "inputs": [], "verify": "yes"}, "m.verify", "true or false"),
+        ({"factory": "a:b", "inputs": [], "inductor-configs": 3}, "m.inductor-configs", "table"),
+        ({"factory": 3, "inputs": []}, "m.factory", "module:attr"),
+        (
+            {"factory": "a:b", "inputs": [{"shape": ["n"]}], "dynamic": {"n": {"min": 9, "max": 2}}},
+            "m.dynamic.n",
+            "min (9) is greater than max (2)",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": ["n"]}], "dynamic": {"batch": {"max": 2}}},
+            "m.dynamic.batch",
+            "not used by any input shape",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": ["n"]}], "dynamic": {"n": {"mx": 2}}},
+            "m.dynamic.n.mx",
+            "did you mean `max`",
+        ),
+    ],
+)
+def test_model_problems(model: dict, path: str, fragment: str) -> None:
+    found = problems({"models": {"m": model}})
+    assert fragment in found[f"{M}.{path}"], found
+
+
+def test_hook_level_problems() -> None:
+    found = problems({"loader": "not-a-module", "torch-requirement": "numpy>1", "package": "1pkg"})
+    assert f"{HOOK_PATH}.models" in found
+    assert "Python module name" in found[f"{HOOK_PATH}.loader"]
+    assert "requirement on torch" in found[f"{HOOK_PATH}.torch-requirement"]
+    assert "importable package name" in found[f"{HOOK_PATH}.package"]
+    assert "not a valid requirement" in problems({"models": {}, "torch-requirement": "torch=="})[
+        f"{HOOK_PATH}.torch-requirement"
+    ]
+
+
+def test_model_names_must_be_identifiers() -> None:
+    found = problems({"models": {"my-model": {"factory": "a:b", "inputs": []}}})
+    assert "identifiers" in found[f"{M}.my-model"]
+
+
+def test_dtype_aliases_are_canonical_and_dims_named() -> None:
+    settings = parse_settings(
+        {
+            "models": {
+                "tok": {
+                    "factory": "a:b",
+                    "inputs": [{"shape": ["batch", "seq"], "dtype": "long", "low": 0, "high": 1000}],
+                    "kwargs": {"mask": {"shape": ["batch", "seq"], "dtype": "bool"}},
+                    "dynamic": {"batch": {"min": 1, "max": 8}},
+                }
+            }
+        }
+    )
+    (model,) = settings.models
+    assert model.inputs[0].dtype == "int64" and model.kwargs["mask"].dtype == "bool"
+    assert model.dynamic == {"batch": DimSpec(1, 8)}
+
+
+def test_spec_round_trips_through_json() -> None:
+    (model,) = parse_settings(
+        {
+            "models": {
+                "m": {
+                    "factory": "a:b",
+                    "inputs": [{"shape": ["n", 3], "dtype": "half"}],
+                    "kwargs": {"k": {"shape": [2]}},
+                    "dynamic": {"n": {"min": 1}},
+                    "inductor-configs": {"max_autotune": False},
+                    "rtol": 0.01,
+                }
+            }
+        }
+    ).models
+    import json
+
+    assert ModelSpec.from_json(json.loads(json.dumps(model.to_json()))) == model

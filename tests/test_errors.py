@@ -1,0 +1,146 @@
+"""Bad input fails the build with a clear message, every TOML path named, and no wheel written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import build_no_isolation, write_project
+
+pytestmark = pytest.mark.integration
+
+M = "tool.hatch.build.targets.wheel.hooks.aoti.models"
+
+MODELS = """
+    import torch
+    from torch import nn
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, a, b):
+            return self.lin(a) + b
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:          # data-dependent control flow: not exportable
+                return x * 2
+            return x - 1
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)   # random by design: compiled != eager
+
+    def two():
+        return Two()
+
+    def branchy():
+        return Branchy()
+
+    def noisy():
+        return Noisy()
+
+    def not_a_module():
+        return 42
+
+    boom = 3
+"""
+
+
+def failing_build(tmp_path: Path, hook_toml: str) -> str:
+    project = write_project(tmp_path / "proj", "badpkg", hook_toml, {"models.py": MODELS})
+    out = tmp_path / "out"
+    proc = build_no_isolation(project, out, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert not out.exists() or not list(out.iterdir()), "a failed build must not leave a wheel behind"
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    return text
+
+
+def test_bad_toml_fails_before_compiling_with_all_paths(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti]
+        loder = "x"
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.a]
+        factroy = "badpkg.models:two"
+        inputs = [{ shape = [2, 4], dtype = "float33" }]
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.b]
+        factory = "badpkg.models:two"
+        inputs = [{ shape = ["n", 4] }]
+        dynamic = { n = { min = 8, max = 2 }, m = { max = 3 } }
+        """,
+    )
+    assert "hatch-aoti found 6 problems" in text
+    for fragment in (
+        "tool.hatch.build.targets.wheel.hooks.aoti.loder: unknown key (did you mean `loader`?)",
+        f"{M}.a.factroy: unknown key (did you mean `factory`?)",
+        f"{M}.a.factory: is required",
+        f"{M}.a.inputs[0].dtype: unknown dtype 'float33'",
+        f"{M}.b.dynamic.n: min (8) is greater than max (2)",
+        f"{M}.b.dynamic.m: is not used by any input shape",
+    ):
+        assert fragment in text
+    assert "compiling" not in text
+
+
+def test_factories_and_signatures_are_checked_together(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.missing]
+        factory = "badpkg.nowhere:build"
+        inputs = [{ shape = [2, 4] }]
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.number]
+        factory = "badpkg.models:not_a_module"
+        inputs = [{ shape = [2, 4] }]
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.notcallable]
+        factory = "badpkg.models:boom"
+        inputs = [{ shape = [2, 4] }]
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.arity]
+        factory = "badpkg.models:two"
+        inputs = [{ shape = [2, 4] }]
+        """,
+    )
+    assert "hatch-aoti found 4 problems" in text
+    assert f"{M}.missing.factory: cannot import 'badpkg.nowhere:build': ModuleNotFoundError" in text
+    assert f"{M}.number.factory: 'badpkg.models:not_a_module' returned int, not a torch.nn.Module" in text
+    assert f"{M}.notcallable.factory: 'badpkg.models:boom' is a int, not a callable" in text
+    assert f"{M}.arity.inputs: do not match Two.forward(a, b)" in text
+
+
+def test_export_failure_names_the_model_and_keeps_torch_reason(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.branchy]
+        factory = "badpkg.models:branchy"
+        inputs = [{ shape = [3] }]
+        """,
+    )
+    assert f"model 'branchy' ({M}.branchy) failed at export: torch.export failed:" in text
+    assert "data-dependent" in text.lower() or "guard" in text.lower()
+
+
+def test_verification_failure_reports_input_and_error(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.noisy]
+        factory = "badpkg.models:noisy"
+        inputs = [{ shape = [64] }]
+        """,
+    )
+    assert f"model 'noisy' ({M}.noisy) failed at verify" in text
+    assert "differs from eager on example inputs [[64]]" in text
+    assert "max abs err" in text and "max rel err" in text

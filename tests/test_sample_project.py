@@ -1,0 +1,177 @@
+"""sample_project built with `python -m build` (sdist, then the wheel from that sdist)."""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.tags import parse_tag
+
+from conftest import REPO, Runtime, copy_project, run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def sample_dists(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]) -> tuple[Path, Path]:
+    project = copy_project(REPO / "sample_project", tmp_path_factory.mktemp("sample") / "sample_project")
+    out = project / "dist"
+    run([sys.executable, "-m", "build", "-o", str(out), str(project)], env=build_env, cwd=project)
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    return sdist, wheel
+
+
+@pytest.fixture(scope="session")
+def sample_installed(sample_dists: tuple[Path, Path], runtime: Runtime) -> Runtime:
+    runtime.pip_install(str(sample_dists[1]))
+    return runtime
+
+
+def test_wheel_is_tagged_for_the_platform(sample_dists: tuple[Path, Path]) -> None:
+    wheel = sample_dists[1]
+    tag = wheel.name.removesuffix(".whl").split("-", 2)[2]
+    (parsed,) = parse_tag(tag)
+    assert (parsed.interpreter, parsed.abi) == ("py3", "none")
+    assert parsed.platform.startswith("manylinux_2_") and parsed.platform != "any"
+    with zipfile.ZipFile(wheel) as zf:
+        wheel_meta = zf.read("sample_models-0.1.0.dist-info/WHEEL").decode()
+        metadata = zf.read("sample_models-0.1.0.dist-info/METADATA").decode()
+        names = zf.namelist()
+    assert "Root-Is-Purelib: false" in wheel_meta
+    assert f"Tag: {tag}" in wheel_meta
+    assert "Requires-Dist: torch==2.13.*" in metadata
+    assert "sample_models/compiled.py" in names
+    assert "sample_models/_aoti/manifest.json" in names
+    assert any(n.startswith("sample_models/_aoti/mlp/") and n.endswith(".so") for n in names)
+
+
+def test_sdist_carries_sources_not_artifacts(sample_dists: tuple[Path, Path]) -> None:
+    with tarfile.open(sample_dists[0]) as tf:
+        names = tf.getnames()
+    assert any(n.endswith("src/sample_models/models.py") for n in names)
+    assert any(n.endswith("src/sample_models/weights.pt") for n in names)
+    assert not any("_aoti" in n or n.endswith("compiled.py") or n.endswith(".so") for n in names)
+
+
+def test_compiled_models_match_eager(sample_installed: Runtime) -> None:
+    result = sample_installed.json(
+        """
+        import json, torch
+        from sample_models import compiled
+        from sample_models.models import build_mlp, build_classifier
+        torch.manual_seed(0)
+        out = {}
+        with torch.inference_mode():
+            x = torch.randn(4, 128)
+            y = compiled.load("mlp")(x)
+            out["mlp"] = [type(y).__name__, list(y.shape), (y - build_mlp()(x)).abs().max().item()]
+            clf, eager = compiled.load("classifier"), build_classifier()
+            for batch in (1, 7, 64):
+                x = torch.rand(batch, 3, 16, 16)
+                got, ref = clf(x), eager(x)
+                out[f"classifier{batch}"] = [type(got).__name__, [list(t.shape) for t in got],
+                                             max((a - b).abs().max().item() for a, b in zip(got, ref))]
+        print(json.dumps(out))
+        """
+    )
+    assert result["mlp"][:2] == ["Tensor", [4, 10]] and result["mlp"][2] < 1e-5
+    for batch in (1, 7, 64):
+        kind, shapes, err = result[f"classifier{batch}"]
+        assert kind == "tuple" and shapes == [[batch, 5], [batch, 5]] and err < 1e-5
+
+
+def test_names_info_and_unknown_name(sample_installed: Runtime) -> None:
+    result = sample_installed.json(
+        """
+        import hashlib, json, sys
+        from sample_models import compiled
+        info = compiled.info("classifier")
+        try:
+            compiled.load("nope")
+            error = None
+        except KeyError as exc:
+            error = str(exc)
+        digest = hashlib.sha256(open(info["file"], "rb").read()).hexdigest()
+        print(json.dumps({"names": compiled.names(), "info": info, "error": error, "digest": digest,
+                          "hatch_aoti_imported": any(m.startswith("hatch_aoti") for m in sys.modules)}))
+        """
+    )
+    assert result["names"] == ["mlp", "classifier"]
+    info = result["info"]
+    assert info["torch"].startswith("2.13.") and info["device"] == "cpu"
+    assert info["dynamic"] == {"batch": {"min": 1, "max": 64}}
+    assert info["inputs"]["args"] == [{"shape": ["batch", 3, 16, 16], "dtype": "float32"}]
+    assert info["sha256"] == result["digest"]
+    assert info["verification"]["passed"] is True
+    assert {t["inputs"] for t in info["verification"]["tried"]} == {"example", "min", "mid", "max"}
+    assert "'mlp'" in result["error"] and "'classifier'" in result["error"] and "nope" in result["error"]
+    assert result["hatch_aoti_imported"] is False
+
+
+def test_load_is_shared_and_thread_safe(sample_installed: Runtime) -> None:
+    result = sample_installed.json(
+        """
+        import json, threading, torch
+        from sample_models import compiled
+        from sample_models.models import build_mlp
+        barrier, ids, errors = threading.Barrier(8), [], []
+        eager = build_mlp()
+        def worker(seed):
+            barrier.wait()
+            model = compiled.load("mlp")
+            ids.append(id(model))
+            gen = torch.Generator().manual_seed(seed)
+            with torch.inference_mode():
+                for _ in range(50):
+                    x = torch.randn(4, 128, generator=gen)
+                    errors.append((model(x) - eager(x)).abs().max().item())
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        print(json.dumps({"ids": len(set(ids)), "calls": len(errors), "max_err": max(errors),
+                          "same": compiled.load("mlp") is compiled.load("mlp")}))
+        """
+    )
+    assert result == {"ids": 1, "calls": 400, "max_err": result["max_err"], "same": True}
+    assert result["max_err"] < 1e-5
+
+
+def test_save_pt2_is_a_standard_package(sample_installed: Runtime, tmp_path: Path) -> None:
+    result = sample_installed.json(
+        f"""
+        import json, torch, torch._inductor
+        from sample_models import compiled
+        path = compiled.save_pt2("classifier", {str(tmp_path / "classifier.pt2")!r})
+        public = torch._inductor.aoti_load_package(path)
+        x = torch.rand(3, 3, 16, 16)
+        with torch.inference_mode():
+            a, b = public(x), compiled.load("classifier")(x)
+        print(json.dumps(max((p - q).abs().max().item() for p, q in zip(a, b))))
+        """
+    )
+    assert result == 0.0
+
+
+def test_fallback_to_public_loader_warns_once_and_works(sample_installed: Runtime) -> None:
+    result = sample_installed.json(
+        """
+        import json, warnings, torch
+        del torch._C._aoti.AOTIModelContainerRunnerCpu   # a torch without the private runner
+        from sample_models import compiled
+        from sample_models.models import build_mlp
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = compiled.load("mlp")
+            compiled.load("mlp")
+        x = torch.randn(4, 128)
+        with torch.inference_mode():
+            err = (model(x) - build_mlp()(x)).abs().max().item()
+        ours = [str(w.message) for w in caught if "falling back" in str(w.message)]
+        print(json.dumps({"warnings": ours, "err": err}))
+        """
+    )
+    assert len(result["warnings"]) == 1 and "'mlp'" in result["warnings"][0]
+    assert result["err"] < 1e-5
