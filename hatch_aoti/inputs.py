@@ -38,6 +38,8 @@ class InputPlan:
     """Named dynamic dims and their (min, max) as built."""
     description: dict[str, Any]
     """JSON-safe input description kept in the artifact's metadata."""
+    axis_names: list[dict[int, str]]
+    """Per tensor input, in flattening order: dim names by axis (for error messages)."""
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -138,6 +140,10 @@ def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> In
             "args": [_describe(s) for s in model.inputs or ()],
             "kwargs": {k: _describe(s) for k, s in model.kwargs.items()},
         },
+        axis_names=[
+            {i: d for i, d in enumerate(s.shape) if isinstance(d, str)}
+            for s in (*(model.inputs or ()), *model.kwargs.values())
+        ],
     )
 
 
@@ -245,6 +251,7 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         dynamic_shapes=dynamic_shapes,
         dims=dims,
         description={"samples": len(samples), "leaves": leaves_desc},
+        axis_names=[{a: n for (tt, a), n in names.items() if tt == t} for t in tensors],
     )
 
 

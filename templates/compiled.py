@@ -86,10 +86,16 @@ def _pt2_bytes(entry):
 
 
 class CompiledModel:
-    """Callable compiled model with the eager model's input and output structure."""
+    """Callable compiled model with the eager model's input and output structure.
+
+    Calls are checked (number and structure of inputs, dtype, device, rank, sizes and
+    dynamic ranges) before they reach the compiled code, which would otherwise abort
+    or silently compute garbage on a wrong input.
+    """
 
     def __init__(self, name, entry):
         import torch
+        from torch.utils import _pytree as pytree
 
         self.name = name
         self.device = entry["device"]
@@ -114,48 +120,137 @@ class CompiledModel:
             self._runner = _public_runner(entry)
             in_spec, out_spec = self._runner.loader.get_call_spec()
             self._run = self._runner.loader.boxed_run
-        from torch.utils import _pytree as pytree
-
         self._pytree = pytree
         self._in_spec = pytree.treespec_loads(in_spec)
         self._out_spec = pytree.treespec_loads(out_spec)
         args_spec, kwargs_spec = _children(self._in_spec)
         self._n_args = args_spec.num_children
         self._kwarg_names = tuple(kwargs_spec.context)
-        # Fast path: positional tensors only, passed straight to the runner.
-        self._flat_args = not self._kwarg_names and all(c.is_leaf() for c in _children(args_spec))
-        self._single_out = self._out_spec.is_leaf()
+
+        leaves = self._leaves = entry["call"]
+        self._constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
+        self._tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
+        self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
+        # Fast path: positional tensors only, handed to the runner as they are.
+        self._positional = (
+            not self._kwarg_names
+            and not self._constants
+            and all(c.is_leaf() for c in _children(args_spec))
+        )
+        self._unflatten = _output_builder(pytree, self._out_spec)
 
     def __call__(self, *args, **kwargs):
-        if self._flat_args and not kwargs and len(args) == self._n_args:
-            flat = list(args)
-        else:
-            flat = self._flatten(args, kwargs)
-        out = self._run(flat)
-        if self._single_out:
-            return out[0]
-        return self._pytree.tree_unflatten(out, self._out_spec)
+        if kwargs or not self._positional or len(args) != self._n_args:
+            args = self._flatten(args, kwargs)
+        for tensor, (dtype, cuda, sizes, ranges) in zip(args, self._checks):
+            try:
+                ok = tensor.dtype is dtype and tensor.is_cuda is cuda
+                if ok:
+                    shape = tensor.shape
+                    if ranges:
+                        ok = len(shape) == len(sizes) and _in_ranges(shape, sizes, ranges)
+                    else:
+                        ok = shape == sizes
+            except AttributeError:
+                ok = False
+            if not ok:
+                self._reject(args)
+        return self._unflatten(self._run(list(args)))
 
     def _flatten(self, args, kwargs):
-        unknown = set(kwargs) - set(self._kwarg_names)
-        if unknown:
-            raise TypeError(f"compiled model {self.name!r} got unexpected keyword arguments {sorted(unknown)}; "
-                            f"it takes {list(self._kwarg_names)}")
+        """Tensor inputs in the compiled order, after checking the call's structure."""
+        unknown = sorted(set(kwargs) - set(self._kwarg_names))
         missing = [k for k in self._kwarg_names if k not in kwargs]
-        if missing or len(args) != self._n_args:
+        if unknown or missing or len(args) != self._n_args:
             raise TypeError(
-                f"compiled model {self.name!r} takes {self._n_args} positional inputs and keyword inputs "
-                f"{list(self._kwarg_names)}; got {len(args)} positional and {sorted(kwargs)}"
+                f"compiled model {self.name!r} takes {self._n_args} positional input(s) and keyword "
+                f"input(s) {list(self._kwarg_names)}; got {len(args)} positional and {sorted(kwargs)}"
+                + (f" (unexpected: {unknown})" if unknown else "")
+                + (f" (missing: {missing})" if missing else "")
             )
-        ordered = {k: kwargs[k] for k in self._kwarg_names}
-        leaves, spec = self._pytree.tree_flatten((args, ordered))
+        leaves, spec = self._pytree.tree_flatten((args, {k: kwargs[k] for k in self._kwarg_names}))
         if spec != self._in_spec:
-            raise TypeError(f"compiled model {self.name!r}: inputs do not have the structure it was built with "
-                            f"(expected {self._in_spec}, got {spec})")
-        return leaves
+            raise TypeError(
+                f"compiled model {self.name!r}: inputs do not have the structure it was built with "
+                f"(expected {self._in_spec}, got {spec})"
+            )
+        for index, value in self._constants:
+            if leaves[index] != value:
+                raise ValueError(
+                    f"compiled model {self.name!r}: input {index} was fixed to {value!r} when the model "
+                    f"was compiled; got {leaves[index]!r}"
+                )
+        return [leaves[i] for i in self._tensor_index]
+
+    def _reject(self, tensors):
+        """Raise the error for the first tensor input that does not fit."""
+        for position, tensor in enumerate(tensors):
+            leaf = self._leaves[self._tensor_index[position]]
+            expected = _describe(leaf)
+            where = f"compiled model {self.name!r}: input {position}"
+            if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
+                raise TypeError(f"{where} must be a tensor ({expected}); got {type(tensor).__name__}")
+            got = f"{str(tensor.dtype).replace('torch.', '')} on {tensor.device.type} with shape {list(tensor.shape)}"
+            dtype, cuda, sizes, ranges = self._checks[position]
+            if tensor.dtype is not dtype or tensor.is_cuda is not cuda:
+                raise TypeError(f"{where} must be {expected}; got {got}")
+            shape = tensor.shape
+            fits = len(shape) == len(sizes) and _in_ranges(shape, sizes, ranges) if ranges else shape == sizes
+            if not fits:
+                raise ValueError(f"{where} must be {expected}; got {got}")
+        raise AssertionError("no input was rejected")
 
     def __repr__(self):
         return f"<compiled model {self.name!r} on {self.device}>"
+
+
+def _tensor_check(torch, leaf):
+    """(dtype, on cuda?, static sizes (None where dynamic), ((axis, min, max), ...))."""
+    sizes = tuple(d if isinstance(d, int) else None for d in leaf["shape"])
+    ranges = tuple(
+        (axis, d["min"], d["max"] if d["max"] is not None else float("inf"))
+        for axis, d in enumerate(leaf["shape"])
+        if not isinstance(d, int)
+    )
+    if not ranges:
+        sizes = torch.Size(sizes)
+    return getattr(torch, leaf["dtype"]), leaf["device"] == "cuda", sizes, ranges
+
+
+def _in_ranges(shape, sizes, ranges):
+    for axis, size in enumerate(sizes):
+        if size is not None and shape[axis] != size:
+            return False
+    for axis, low, high in ranges:
+        if not low <= shape[axis] <= high:
+            return False
+    return True
+
+
+def _describe(leaf):
+    dims = []
+    for d in leaf["shape"]:
+        if isinstance(d, int):
+            dims.append(str(d))
+        else:
+            dims.append(f"{d['name']} in [{d['min']}, {d['max'] if d['max'] is not None else 'inf'}]")
+    return f"{leaf['dtype']} on {leaf['device']} with shape [{', '.join(dims)}]"
+
+
+def _output_builder(pytree, spec):
+    """A function from the runner's flat outputs to the eager model's output structure."""
+    children = _children(spec)
+    if spec.is_leaf():
+        return lambda flat: flat[0]
+    if all(c.is_leaf() for c in children):
+        if spec.type is tuple:
+            return tuple
+        if spec.type is list:
+            return lambda flat: flat
+        if spec.type is dict:
+            keys = tuple(spec.context)
+            return lambda flat: dict(zip(keys, flat))
+    return lambda flat: pytree.tree_unflatten(flat, spec)
 
 
 def _children(spec):
