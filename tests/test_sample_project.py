@@ -175,3 +175,65 @@ def test_fallback_to_public_loader_warns_once_and_works(sample_installed: Runtim
     )
     assert len(result["warnings"]) == 1 and "'mlp'" in result["warnings"][0]
     assert result["err"] < 1e-5
+
+
+def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_installed: Runtime) -> None:
+    result = sample_installed.json(
+        """
+        import json, torch
+        from sample_models import compiled
+        mlp, clf = compiled.load("mlp"), compiled.load("classifier")
+        calls = {
+            "count": lambda: mlp(torch.randn(4, 128), torch.randn(4, 128)),
+            "none": lambda: mlp(),
+            "kwarg": lambda: mlp(x=torch.randn(4, 128)),
+            "rank": lambda: mlp(torch.randn(4, 128, 1)),
+            "size": lambda: mlp(torch.randn(5, 128)),
+            "dtype": lambda: mlp(torch.randn(4, 128, dtype=torch.float64)),
+            "device": lambda: mlp(torch.empty(4, 128, device="meta")),
+            "not_tensor": lambda: mlp([[0.0] * 128] * 4),
+            "above_max": lambda: clf(torch.rand(65, 3, 16, 16)),
+            "below_min": lambda: clf(torch.rand(0, 3, 16, 16)),
+            "static_dim": lambda: clf(torch.rand(2, 3, 16, 15)),
+        }
+        out = {}
+        for key, call in calls.items():
+            try:
+                call()
+                out[key] = None
+            except Exception as exc:
+                out[key] = [type(exc).__name__, str(exc)]
+        print(json.dumps(out))
+        """
+    )
+    expected_type = {
+        "count": "TypeError", "none": "TypeError", "kwarg": "TypeError", "rank": "ValueError",
+        "size": "ValueError", "dtype": "TypeError", "device": "TypeError", "not_tensor": "TypeError",
+        "above_max": "ValueError", "below_min": "ValueError", "static_dim": "ValueError",
+    }  # fmt: skip
+    for key, kind in expected_type.items():
+        assert result[key] is not None, f"{key}: the bad call was accepted"
+        assert result[key][0] == kind, (key, result[key])
+        model = "'classifier'" if key in ("above_max", "below_min", "static_dim") else "'mlp'"
+        assert f"compiled model {model}" in result[key][1], (key, result[key])
+    assert "float32 on cpu with shape [4, 128]; got float64" in result["dtype"][1]
+    assert "got float32 on meta" in result["device"][1]
+    assert "batch in [1, 64]" in result["above_max"][1] and "[65, 3, 16, 16]" in result["above_max"][1]
+
+
+def test_load_writes_no_files(sample_installed: Runtime, tmp_path: Path) -> None:
+    import os
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    site = sample_installed.json("import json, sample_models, os; print(json.dumps(os.path.dirname(sample_models.__file__)))")
+    before = sorted(os.listdir(site))
+    proc = run(
+        [str(sample_installed.python), "-c",
+         "import torch; from sample_models import compiled; compiled.load('mlp')(torch.randn(4, 128));"
+         "compiled.load('classifier')(torch.rand(2, 3, 16, 16))"],
+        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONDONTWRITEBYTECODE": "1"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0
+    assert list(tmpdir.iterdir()) == []
+    assert sorted(os.listdir(site)) == before
