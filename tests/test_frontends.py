@@ -24,9 +24,30 @@ KWARGS_MODELS = """
             y = self.lin(x) * scale
             return {"y": y + bias, "norm": y.norm(dim=-1)}
 
+    class TokenScorer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 8)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, tokens, *, mask):
+            hidden = self.emb(tokens) * mask.unsqueeze(-1)
+            return self.head(hidden.sum(dim=1) / mask.sum(dim=1, keepdim=True).clamp_min(1))
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)
+
     def build():
         torch.manual_seed(0)
         return Scaled()
+
+    def tokens():
+        torch.manual_seed(2)
+        return TokenScorer()
+
+    def noisy():
+        return Noisy()
 """
 
 SAMPLED_MODELS = """
@@ -63,6 +84,17 @@ def kwargs_wheel(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, 
         factory = "kwpkg.models:build"
         inputs = [{ shape = [2, 8] }]
         kwargs = { scale = { shape = [2, 1] }, bias = { shape = [4], dtype = "float32" } }
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.tokens]
+        factory = "kwpkg.models:tokens"
+        inputs = [{ shape = ["batch", "seq"], dtype = "int64", low = 0, high = 50 }]
+        kwargs = { mask = { shape = ["batch", "seq"], dtype = "float32", low = 0, high = 1 } }
+        dynamic = { batch = { min = 1, max = 8 }, seq = { min = 2, max = 40 } }
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.noisy]
+        factory = "kwpkg.models:noisy"
+        inputs = [{ shape = [16] }]
+        verify = false
         """,
         {"models.py": KWARGS_MODELS},
     )
@@ -122,6 +154,50 @@ def test_pip_wheel_kwargs_and_dict_outputs(kwargs_wheel: Path, runtime: Runtime)
     assert "'scaled'" in result["missing"] and "bias" in result["missing"]
     assert result["kwargs"] == {"scale": {"shape": [2, 1], "dtype": "float32"},
                                 "bias": {"shape": [4], "dtype": "float32"}}
+
+
+def test_int64_tokens_with_dynamic_batch_and_sequence(kwargs_wheel: Path, runtime: Runtime) -> None:
+    runtime.pip_install(str(kwargs_wheel))
+    result = runtime.json(
+        """
+        import json, torch
+        from kwpkg import compiled
+        from kwpkg.models import tokens
+        model, eager = compiled.load("tokens"), tokens()
+        errs = {}
+        with torch.inference_mode():
+            for batch, seq in ((1, 2), (3, 17), (8, 40), (5, 9)):
+                ids = torch.randint(0, 50, (batch, seq))
+                mask = (torch.rand(batch, seq) > 0.3).float()
+                errs[f"{batch}x{seq}"] = (model(ids, mask=mask) - eager(ids, mask=mask)).abs().max().item()
+        try:
+            model(torch.randint(0, 50, (2, 41)), mask=torch.ones(2, 41))
+            too_long = None
+        except ValueError as exc:
+            too_long = str(exc)
+        info = compiled.info("tokens")
+        print(json.dumps({"errs": errs, "too_long": too_long, "dynamic": info["dynamic"],
+                          "tried": [t["shapes"] for t in info["verification"]["tried"]]}))
+        """
+    )
+    assert max(result["errs"].values()) < 1e-5, result["errs"]
+    assert result["dynamic"] == {"batch": {"min": 1, "max": 8}, "seq": {"min": 2, "max": 40}}
+    assert "seq in [2, 40]" in result["too_long"] and "'tokens'" in result["too_long"]
+    assert result["tried"] == [[[2, 2], [2, 2]], [[1, 2], [1, 2]], [[4, 21], [4, 21]], [[8, 40], [8, 40]]]
+
+
+def test_verify_false_builds_a_random_model(kwargs_wheel: Path, runtime: Runtime) -> None:
+    runtime.pip_install(str(kwargs_wheel))
+    result = runtime.json(
+        """
+        import json, torch
+        from kwpkg import compiled
+        y = compiled.load("noisy")(torch.zeros(16))
+        print(json.dumps({"range": [y.min().item(), y.max().item()], "check": compiled.info("noisy")["verification"]}))
+        """
+    )
+    assert 0.0 <= result["range"][0] <= result["range"][1] < 1.0
+    assert result["check"] == {"passed": None, "skipped": "verify = false"}
 
 
 def test_no_isolation_src_layout_with_inferred_dynamic_batch(src_wheel: Path, runtime: Runtime) -> None:

@@ -1,0 +1,121 @@
+"""Example-input planning and dynamic-dim inference (torch, no compiling)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec  # noqa: E402
+from hatch_aoti.inputs import InputError, normalise_samples, plan_declared, plan_from_samples  # noqa: E402
+
+
+def spec(**overrides) -> ModelSpec:
+    base = dict(name="m", factory="a:b", inputs=(), kwargs={}, example_inputs=None, dynamic={})
+    return ModelSpec(**{**base, **overrides})
+
+
+def dim_info(d) -> tuple[str, int, int]:
+    return d.__name__, d.min, d.max
+
+
+def test_declared_inputs_dims_and_verification_points() -> None:
+    model = spec(
+        inputs=(TensorSpec(("batch", "seq"), "int64", low=0, high=50),),
+        kwargs={"mask": TensorSpec(("batch", "seq"), "bool")},
+        dynamic={"batch": DimSpec(1, 8), "seq": DimSpec(4, 32)},
+    )
+    plan = plan_declared(model, ["tokens", "mask"])
+    (tokens,), kwargs = plan.export_sample
+    assert tokens.shape == (2, 4) and tokens.dtype == torch.int64
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < 50
+    assert kwargs["mask"].dtype == torch.bool and kwargs["mask"].shape == (2, 4)
+    assert plan.dims == {"batch": (1, 8), "seq": (4, 32)}
+    shapes = {label: s[0][0].shape for label, s in plan.verify_samples}
+    assert shapes == {"example": (2, 4), "min": (1, 4), "mid": (4, 18), "max": (8, 32)}
+    batch = plan.dynamic_shapes["tokens"][0]
+    assert plan.dynamic_shapes["mask"][0] is batch, "the same name in two places is one dim"
+    assert dim_info(batch) == ("batch", 1, 8)
+    assert plan.axis_names == [{0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}]
+
+
+def test_declared_samples_are_deterministic() -> None:
+    model = spec(inputs=(TensorSpec((3, 5), "float32"),))
+    a = plan_declared(model, ["x"]).export_sample[0][0]
+    b = plan_declared(model, ["x"]).export_sample[0][0]
+    assert torch.equal(a, b)
+
+
+def test_unbounded_named_dim_is_dynamic_with_auto_range() -> None:
+    plan = plan_declared(spec(inputs=(TensorSpec(("n", 3), "float32"),)), ["x"])
+    assert plan.dims == {"n": (0, None)}
+    assert [label for label, _ in plan.verify_samples] == ["example", "mid", "max"]
+
+
+def test_samples_infer_shared_batch_and_separate_dims() -> None:
+    samples = [
+        ((torch.zeros(2, 7, 3, dtype=torch.long),), {"mask": torch.ones(2, 7, dtype=torch.bool)}),
+        ((torch.zeros(6, 9, 3, dtype=torch.long),), {"mask": torch.ones(6, 9, dtype=torch.bool)}),
+        ((torch.zeros(4, 5, 3, dtype=torch.long),), {"mask": torch.ones(4, 5, dtype=torch.bool)}),
+    ]
+    plan = plan_from_samples(spec(example_inputs="a:c"), samples, ["tokens", "mask"])
+    assert plan.dims == {"batch": (2, 6), "dim1": (5, 9)}
+    tokens, mask = plan.dynamic_shapes["tokens"], plan.dynamic_shapes["mask"]
+    assert set(tokens) == {0, 1} and 2 not in tokens, "an axis that never varies stays static"
+    assert tokens[0] is mask[0] and tokens[1] is mask[1]
+    assert [label for label, _ in plan.verify_samples] == ["sample 0", "sample 1", "sample 2"]
+
+
+def test_samples_dims_that_move_together_are_one_dim() -> None:
+    samples = [((torch.zeros(2, 2), torch.zeros(2, 4)), {}), ((torch.zeros(3, 3), torch.zeros(3, 6)), {})]
+    plan = plan_from_samples(spec(example_inputs="a:c"), samples, ["x", "y"])
+    assert plan.dims == {"batch": (2, 3), "dim1": (4, 6)}, "equal sizes share a dim; proportional ones do not"
+    x, y = plan.dynamic_shapes["x"], plan.dynamic_shapes["y"]
+    assert x[0] is x[1] is y[0] and y[1] is not y[0]
+
+
+def test_dynamic_widens_inferred_bounds_and_adds_verification_points() -> None:
+    samples = [((torch.zeros(2, 5),), {}), ((torch.zeros(6, 5),), {})]
+    model = spec(example_inputs="a:c", dynamic={"batch": DimSpec(1, 32)})
+    plan = plan_from_samples(model, samples, ["x"])
+    assert plan.dims == {"batch": (1, 32)}
+    extra = {label: s[0][0].shape for label, s in plan.verify_samples[2:]}
+    assert extra == {"min": (1, 5), "max": (32, 5)}
+
+
+def test_export_sample_avoids_size_one() -> None:
+    samples = [((torch.zeros(1, 5),), {}), ((torch.zeros(4, 5),), {})]
+    plan = plan_from_samples(spec(example_inputs="a:c"), samples, ["x"])
+    assert plan.export_sample[0][0].shape == (4, 5)
+    assert plan.dims == {"batch": (1, 4)}
+
+
+@pytest.mark.parametrize(
+    ("samples", "key", "fragment"),
+    [
+        ([((torch.zeros(2, 5),), {}), ((torch.zeros(2, 5, 1),), {})], "example-inputs", "rank"),
+        ([((torch.zeros(2),), {}), ((torch.zeros(2),), {"k": torch.zeros(1)})], "example-inputs", "structure"),
+    ],
+)
+def test_inconsistent_samples(samples, key: str, fragment: str) -> None:
+    with pytest.raises(InputError) as info:
+        plan_from_samples(spec(example_inputs="a:c"), samples, ["x"])
+    assert info.value.key == key and fragment in str(info.value)
+
+
+def test_dynamic_name_must_match_an_inferred_dim() -> None:
+    samples = [((torch.zeros(2, 5),), {}), ((torch.zeros(6, 5),), {})]
+    with pytest.raises(InputError) as info:
+        plan_from_samples(spec(example_inputs="a:c", dynamic={"seq": DimSpec(1, 9)}), samples, ["x"])
+    assert info.value.key == "dynamic.seq" and "inferred: batch" in str(info.value)
+
+
+def test_normalise_samples_forms() -> None:
+    x = torch.zeros(1)
+    assert normalise_samples((x,)) == [((x,), {})]
+    assert normalise_samples(((x,), {"k": x})) == [((x,), {"k": x})]
+    assert len(normalise_samples([(x,), ((x,), {})])) == 2
+    with pytest.raises(InputError):
+        normalise_samples([])
+    with pytest.raises(InputError):
+        normalise_samples("nope")
