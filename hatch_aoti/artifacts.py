@@ -19,6 +19,13 @@ from typing import Any
 ARTIFACT_DIR = "_aoti"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+#: Archive members the runtime never reads: generated C++ sources (they hold build paths)
+#: and a random per-archive id. Leaving them out keeps wheels smaller and reproducible.
+SKIPPED_SUFFIXES = (".cpp", "/.data/serialization_id")
+#: Small text members (format markers, metadata JSON) are kept in the manifest rather
+#: than as files: they are the same in every model, and identical files in a wheel are
+#: a packaging smell (check-wheel-contents W002).
+INLINE_LIMIT = 16 * 1024
 
 
 def template_path(name: str = "compiled.py") -> Path:
@@ -50,6 +57,7 @@ def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
     if target.exists():
         shutil.rmtree(target)
     members: list[str] = []
+    inline: dict[str, str] = {}
     with zipfile.ZipFile(pt2) as archive:
         for info in archive.infolist():
             if info.is_dir():
@@ -57,11 +65,19 @@ def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
             top, _, rest = info.filename.partition("/")
             if not rest or ".." in Path(rest).parts:
                 raise ValueError(f"unexpected member {info.filename!r} in {pt2.name}")
+            if info.filename.endswith(SKIPPED_SUFFIXES):
+                continue
+            members.append(rest)
+            if info.file_size <= INLINE_LIMIT and not rest.endswith(".so"):
+                try:
+                    inline[rest] = archive.read(info).decode("utf-8")
+                    continue
+                except UnicodeDecodeError:
+                    pass
             dest = target / rest
             dest.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(info) as src, dest.open("wb") as out:
                 shutil.copyfileobj(src, out)
-            members.append(rest)
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
@@ -71,6 +87,7 @@ def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
         "file": f"{name}/{libraries[0]}",
         "sha256": sha256(library),
         "members": members,
+        "inline": inline,
     }
 
 

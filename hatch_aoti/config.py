@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import keyword
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,8 @@ class ModelSpec:
     """Absolute tolerance of the build-time check; ``None`` picks one by output dtype."""
     verify: bool = True
     """Compare compiled outputs with eager ones at build time."""
+    cpu_target: str = "native"
+    """Instruction-set baseline of CPU code (resolved: the model's, the hook's, or the default)."""
 
     @property
     def path(self) -> str:
@@ -154,13 +157,15 @@ class HookSettings:
     """Name of the generated loader module inside ``package``."""
     torch_requirement: str | None = None
     """``Requires-Dist`` for torch; ``None``: the release series used to build."""
+    cpu_target: str | None = None
+    """Default ``cpu-target`` of the models; ``None``: portable baseline of the build machine."""
 
 
 MODEL_KEYS = (
     "factory", "inputs", "kwargs", "example-inputs", "dynamic", "device",
-    "inductor-configs", "rtol", "atol", "verify",
+    "inductor-configs", "rtol", "atol", "verify", "cpu-target",
 )  # fmt: skip
-HOOK_KEYS = ("package", "loader", "torch-requirement", "models")
+HOOK_KEYS = ("package", "loader", "torch-requirement", "cpu-target", "models")
 TENSOR_KEYS = ("shape", "dtype", "device", "low", "high")
 DIM_KEYS = ("min", "max")
 
@@ -235,7 +240,25 @@ def _parse_entry_point(raw: Any, path: str, problems: Problems) -> str | None:
     return raw
 
 
-def _parse_model(name: str, raw: Any, problems: Problems) -> ModelSpec | None:
+def _parse_cpu_target(raw: Any, path: str, problems: Problems, machine: str) -> str | None:
+    from hatch_aoti.cpu_targets import CHOICES, TARGETS
+
+    if raw is None:
+        return None
+    if raw not in CHOICES:
+        close = difflib.get_close_matches(str(raw), CHOICES, n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        problems.add(path, f"unknown CPU target {raw!r}{hint}; choose from {', '.join(CHOICES)}")
+        return None
+    if raw in TARGETS and TARGETS[raw].arch != machine:
+        problems.add(path, f"{raw!r} is for {TARGETS[raw].arch} machines; this build machine is {machine}")
+        return None
+    return str(raw)
+
+
+def _parse_model(
+    name: str, raw: Any, problems: Problems, default_cpu_target: str, machine: str
+) -> ModelSpec | None:
     path = f"{HOOK_PATH}.models.{name}"
     if not _NAME.match(name) or keyword.iskeyword(name):
         problems.add(path, "model names must be Python identifiers (letters, digits, `_`)")
@@ -328,6 +351,16 @@ def _parse_model(name: str, raw: Any, problems: Problems) -> ModelSpec | None:
     if not isinstance(verify, bool):
         problems.add(f"{path}.verify", f"must be true or false, not {verify!r}")
 
+    from hatch_aoti.cpu_targets import NATIVE, OWNED_CONFIGS
+
+    cpu_target = _parse_cpu_target(raw.get("cpu-target"), f"{path}.cpu-target", problems, machine)
+    cpu_target = cpu_target or default_cpu_target
+    if cpu_target != NATIVE and isinstance(configs, dict):
+        for key in OWNED_CONFIGS:
+            if key in configs:
+                problems.add(f"{path}.inductor-configs.{key}", f"is set by cpu-target {cpu_target!r}; "
+                             'use `cpu-target = "native"` to control it yourself')
+
     if len(problems.items) > start or factory is None:
         return None
     return ModelSpec(
@@ -342,10 +375,11 @@ def _parse_model(name: str, raw: Any, problems: Problems) -> ModelSpec | None:
         rtol=tolerances["rtol"],
         atol=tolerances["atol"],
         verify=verify,
+        cpu_target=cpu_target,
     )
 
 
-def parse_settings(raw: dict[str, Any]) -> HookSettings:
+def parse_settings(raw: dict[str, Any], machine: str | None = None) -> HookSettings:
     """Validate the hook table; raise :class:`ConfigError` listing every problem."""
     problems = Problems()
     table = {k: v for k, v in raw.items() if k not in RESERVED_KEYS}
@@ -367,6 +401,10 @@ def parse_settings(raw: dict[str, Any]) -> HookSettings:
         except InvalidRequirement as exc:
             problems.add(f"{HOOK_PATH}.torch-requirement", f"is not a valid requirement: {exc}")
 
+    from hatch_aoti.cpu_targets import default_target
+
+    machine = machine or os.uname().machine
+    hook_cpu_target = _parse_cpu_target(table.get("cpu-target"), f"{HOOK_PATH}.cpu-target", problems, machine)
     models: list[ModelSpec] = []
     raw_models = table.get("models")
     if raw_models is None:
@@ -375,7 +413,7 @@ def parse_settings(raw: dict[str, Any]) -> HookSettings:
         problems.add(f"{HOOK_PATH}.models", "must be a non-empty table of models")
     else:
         for name, model in raw_models.items():
-            spec = _parse_model(name, model, problems)
+            spec = _parse_model(name, model, problems, hook_cpu_target or default_target(machine), machine)
             if spec is not None:
                 models.append(spec)
 
@@ -385,4 +423,5 @@ def parse_settings(raw: dict[str, Any]) -> HookSettings:
         package=package,
         loader=loader,
         torch_requirement=torch_req,
+        cpu_target=hook_cpu_target,
     )

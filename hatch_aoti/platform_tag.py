@@ -1,27 +1,46 @@
 """The wheel's platform tag, read from the compiled libraries themselves.
 
 The artifacts are native code linked against libtorch, not against the Python ABI, so
-the tag is ``py3-none-<platform>``: one wheel serves every CPython that the pinned
-torch supports. The platform part is ``manylinux_2_X_<arch>`` with X the newest glibc
-symbol version the shipped libraries need, not the build machine's glibc.
+the tag is ``py3-none-<platform>``: one wheel serves every CPython that the pinned torch
+supports. The platform part is the most compatible ``manylinux_2_X_<arch>`` whose
+policy (auditwheel's own policy table) allows every versioned symbol the libraries
+need from system libraries (GLIBC, GLIBCXX, CXXABI, GCC, ...), not the build machine's
+glibc. Every ``NEEDED`` library must be on that policy's list or be shipped by torch
+itself (``libtorch_cpu.so``, torch's own ``libgomp.so.1``, ...), with the symbol
+versions we use.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from packaging.version import Version
 
-_GLIBC = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?$")
 _MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64", "EM_PPC64": "ppc64le", "EM_S390": "s390x"}
-#: manylinux2014; torch itself needs newer, so nothing older is worth claiming.
-MIN_GLIBC = (2, 17)
+#: The program interpreter is always there; auditwheel does not count it either.
+_IMPLICIT = frozenset({"ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "ld64.so.2", "ld64.so.1"})
 
 
-def elf_requirements(path: Path) -> tuple[str, tuple[int, int]]:
-    """(architecture, newest GLIBC_x.y version needed) of one shared library."""
+class TagError(Exception):
+    """The libraries need something no manylinux policy allows."""
+
+
+@dataclass
+class ElfNeeds:
+    """What one shared library asks of the system."""
+
+    arch: str
+    needed: set[str] = field(default_factory=set)
+    versions: dict[str, set[str]] = field(default_factory=dict)
+    """Versioned symbols needed, by library (``{"libc.so.6": {"GLIBC_2.34", ...}}``)."""
+
+
+def elf_needs(path: Path) -> ElfNeeds:
+    from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerNeedSection
 
@@ -29,30 +48,109 @@ def elf_requirements(path: Path) -> tuple[str, tuple[int, int]]:
         elf = ELFFile(f)
         machine = elf["e_machine"]
         if machine not in _MACHINES:
-            raise ValueError(f"{path.name}: unsupported ELF machine {machine}")
-        newest = MIN_GLIBC
+            raise TagError(f"{path.name}: unsupported ELF machine {machine}")
+        needs = ElfNeeds(_MACHINES[machine])
         for section in elf.iter_sections():
-            if not isinstance(section, GNUVerNeedSection):
+            if isinstance(section, DynamicSection):
+                needs.needed.update(t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED")
+            elif isinstance(section, GNUVerNeedSection):
+                for verneed, auxiliaries in section.iter_versions():
+                    needs.versions.setdefault(verneed.name, set()).update(aux.name for aux in auxiliaries)
+    return needs
+
+
+def elf_provides(path: Path) -> tuple[str, set[str]]:
+    """(SONAME, version definitions) of a library, e.g. torch's ``libgomp.so.1``."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerDefSection
+
+    soname, defined = path.name, set()
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        for section in elf.iter_sections():
+            if isinstance(section, DynamicSection):
+                for tag in section.iter_tags():
+                    if tag.entry.d_tag == "DT_SONAME":
+                        soname = tag.soname
+            elif isinstance(section, GNUVerDefSection):
+                for _verdef, auxiliaries in section.iter_versions():
+                    defined.update(aux.name for aux in auxiliaries)
+    return soname, defined
+
+
+def torch_libraries(torch_lib_dir: Path) -> dict[str, set[str]]:
+    """Libraries torch ships (``torch/lib``), by SONAME, with the symbol versions they define."""
+    provided: dict[str, set[str]] = {}
+    for path in sorted(torch_lib_dir.glob("*.so*")):
+        if path.is_file():
+            try:
+                soname, defined = elf_provides(path)
+            except Exception:  # noqa: BLE001 - not an ELF file; nothing to offer
                 continue
-            for _verneed, auxiliaries in section.iter_versions():
-                for aux in auxiliaries:
-                    match = _GLIBC.match(aux.name)
-                    if match:
-                        newest = max(newest, (int(match[1]), int(match[2])))
-    return _MACHINES[machine], newest
+            provided[soname] = defined
+    return provided
 
 
-def platform_tag(libraries: Iterable[Path]) -> str:
-    """``manylinux_2_X_<arch>`` covering every library; all must share one architecture."""
-    arches: set[str] = set()
-    newest = MIN_GLIBC
+def _policies() -> list[dict]:
+    text = resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text(encoding="utf-8")
+    policies = [p for p in json.loads(text) if p["name"].startswith("manylinux_")]
+    return sorted(policies, key=lambda p: -p["priority"])  # most compatible first
+
+
+def _blockers(policy: dict, needs: ElfNeeds, provided: dict[str, set[str]]) -> list[str]:
+    allowed_versions = policy["symbol_versions"].get(needs.arch)
+    if not allowed_versions:
+        return [f"{policy['name']} has no {needs.arch} variant"]
+    whitelist = set(policy["lib_whitelist"])
+    problems = []
+    for lib in sorted(needs.needed - _IMPLICIT):
+        if lib in whitelist:
+            for version in sorted(needs.versions.get(lib, ())):
+                prefix, _, number = version.partition("_")
+                if number not in allowed_versions.get(prefix, ()):
+                    problems.append(f"{lib} {version}")
+        elif lib in provided:
+            missing = needs.versions.get(lib, set()) - provided[lib]
+            if missing:
+                problems.append(f"torch's {lib} lacks {', '.join(sorted(missing))}")
+        else:
+            problems.append(f"{lib} (neither allowed by manylinux nor shipped by torch)")
+    return problems
+
+
+def platform_tag(libraries: Iterable[Path], provided: dict[str, set[str]]) -> tuple[str, str | None]:
+    """The most compatible ``manylinux_2_X_<arch>`` tag allowing every library's needs.
+
+    Returns ``(tag, None)``, or ``("linux_<arch>", why)`` when no manylinux policy fits
+    (a CUDA build linking libraries that come from other packages, say): still honest,
+    just not uploadable to PyPI.
+    """
+    merged: ElfNeeds | None = None
     for library in libraries:
-        arch, glibc = elf_requirements(library)
-        arches.add(arch)
-        newest = max(newest, glibc)
-    if len(arches) != 1:
-        raise ValueError(f"compiled libraries disagree on architecture: {sorted(arches) or 'none found'}")
-    return f"manylinux_{newest[0]}_{newest[1]}_{arches.pop()}"
+        needs = elf_needs(library)
+        if merged is None:
+            merged = needs
+        elif needs.arch != merged.arch:
+            raise TagError(f"compiled libraries disagree on architecture: {merged.arch} and {needs.arch}")
+        else:
+            merged.needed |= needs.needed
+            for lib, versions in needs.versions.items():
+                merged.versions.setdefault(lib, set()).update(versions)
+    if merged is None:
+        raise TagError("no compiled library to tag")
+    return tag_for(merged, provided)
+
+
+def tag_for(needs: ElfNeeds, provided: dict[str, set[str]]) -> tuple[str, str | None]:
+    """:func:`platform_tag` for needs already read (and merged) from the libraries."""
+    merged = needs
+    last: list[str] = []
+    for policy in _policies():
+        last = _blockers(policy, merged, provided)
+        if not last:
+            return f"{policy['name']}_{merged.arch}", None
+    return f"linux_{merged.arch}", "no manylinux policy allows " + "; ".join(last)
 
 
 def torch_requirement(torch_version: str) -> str:

@@ -9,11 +9,8 @@ aborts before the wheel is written, and the staging directory is removed.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,13 +18,7 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from hatch_aoti.config import HOOK_PATH, ConfigError, HookSettings, parse_settings
-
-LOG_TAIL_LINES = 40
-
-
-class BuildFailed(Exception):
-    """A build error whose message is complete; shown without a traceback."""
-
+from hatch_aoti.dispatch import BuildFailed
 
 class AotiBuildHook(BuildHookInterface):
     PLUGIN_NAME = "aoti"
@@ -52,6 +43,20 @@ class AotiBuildHook(BuildHookInterface):
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         self._cleanup()
 
+    def clean(self, versions: list[str]) -> None:
+        """``hatch build --clean``: remove staging left by killed builds of this project.
+
+        Staging lives in the system temp dir and is removed after every build, so only an
+        interrupted build leaves any. The shared compile cache is not touched.
+        """
+        for leftover in Path(tempfile.gettempdir()).glob(f"{self._stage_prefix()}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def _stage_prefix(self) -> str:
+        import hashlib
+
+        return f"hatch-aoti-{hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12]}-"
+
     def _cleanup(self) -> None:
         if self._stage is not None:
             shutil.rmtree(self._stage, ignore_errors=True)
@@ -67,11 +72,11 @@ class AotiBuildHook(BuildHookInterface):
                 "torch is not installed in the build environment; add it to `[build-system] requires` "
                 'in pyproject.toml, e.g. requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]'
             )
-        self._stage = Path(tempfile.mkdtemp(prefix="hatch-aoti-"))
-        torch_version = self._run_worker(settings, source_root)
+        self._stage = Path(tempfile.mkdtemp(prefix=self._stage_prefix()))
+        torch_version = self._run_workers(settings, source_root)
 
         from hatch_aoti.artifacts import ARTIFACT_DIR
-        from hatch_aoti.platform_tag import platform_tag, torch_requirement
+        from hatch_aoti.platform_tag import platform_tag, torch_libraries, torch_requirement
 
         staged = self._stage / "package"
         libraries = sorted((staged / ARTIFACT_DIR).rglob("*.so"))
@@ -81,8 +86,11 @@ class AotiBuildHook(BuildHookInterface):
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged)
         else:
+            tag, why = platform_tag(libraries, torch_libraries(_torch_lib_dir()))
+            if why:
+                self.app.display_warning(f"aoti: tagging the wheel {tag}: {why}")
             build_data["pure_python"] = False
-            build_data["tag"] = f"py3-none-{platform_tag(libraries)}"
+            build_data["tag"] = f"py3-none-{tag}"
             build_data["force_include"][str(staged / loader_file)] = f"{dist_dir}/{loader_file}"
             build_data["force_include"][str(staged / ARTIFACT_DIR)] = f"{dist_dir}/{ARTIFACT_DIR}"
 
@@ -115,62 +123,24 @@ class AotiBuildHook(BuildHookInterface):
             )
         return package, top[package.split(".")[0]]
 
-    def _run_worker(self, settings: HookSettings, source_root: Path) -> str:
+    def _run_workers(self, settings: HookSettings, source_root: Path) -> str:
+        from hatch_aoti import cache
+        from hatch_aoti.dispatch import Dispatch
+
         assert self._stage is not None
-        job = {
-            "models": [m.to_json() for m in settings.models],
-            "stage": str(self._stage),
-            "loader": settings.loader,
-            "sys_path": list(dict.fromkeys([str(source_root), self.root])),
-        }
-        job_file = self._stage / "job.json"
-        job_file.write_text(json.dumps(job), encoding="utf-8")
-        log_file = self._stage / "worker.log"
+        store = cache.from_env()
         count = len(settings.models)
-        self.app.display_info(f"aoti: compiling {count} model{'s' if count != 1 else ''} with AOTInductor")
-
-        read_fd, write_fd = os.pipe()
-        env = {**os.environ, "HATCH_AOTI_EVENT_FD": str(write_fd), "PYTHONUNBUFFERED": "1"}
-        with log_file.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hatch_aoti.worker", str(job_file)],
-                cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=(write_fd,),
-            )  # fmt: skip
-            os.close(write_fd)
-            result: dict[str, Any] = {}
-            with os.fdopen(read_fd, encoding="utf-8") as events:
-                for line in events:
-                    self._on_event(json.loads(line), result)
-            code = proc.wait()
-        if "config_errors" in result:
-            raise ConfigError([tuple(p) for p in result["config_errors"]])
-        if "model_error" in result:
-            err = result["model_error"]
-            model_path = f"{HOOK_PATH}.models.{err['model']}"
-            raise BuildFailed(f"model {err['model']!r} ({model_path}) failed at {err['stage']}: {err['message']}")
-        if code != 0 or "done" not in result:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            raise BuildFailed(f"the compile worker {how}; last lines of its log:\n{_tail(log_file)}")
-        return str(result["done"]["torch"])
-
-    def _on_event(self, event: dict[str, Any], result: dict[str, Any]) -> None:
-        kind = event.pop("event")
-        if kind == "config_errors":
-            result[kind] = event["problems"]
-        elif kind in ("model_error", "done"):
-            result[kind] = event
-        elif kind == "model_compiled":
-            result.setdefault("compile_seconds", {})[event["model"]] = event["seconds"]
-        elif kind == "model_verified":
-            name = event["model"]
-            compiled = result.get("compile_seconds", {}).get(name, 0.0)
-            if event.get("skipped"):
-                check = "not verified (verify = false)"
-            else:
-                check = (f"verified against eager on {event['samples']} input set(s), "
-                         f"max abs err {event['max_abs_err']:.2g}")
-            self.app.display_success(f"aoti: {name}: compiled in {compiled:.1f}s, {check}")
+        where = f"cache: {store.root}" if store else "cache disabled"
+        self.app.display_info(f"aoti: building {count} model{'s' if count != 1 else ''} with AOTInductor ({where})")
+        return Dispatch(
+            models=list(settings.models),
+            stage=self._stage,
+            loader=settings.loader,
+            sys_path=list(dict.fromkeys([str(source_root), self.root])),
+            cwd=self.root,
+            cache_root=store.root if store else None,
+            report=self.app.display_success,
+        ).run()
 
     def _editable(self, build_data: dict[str, Any], package: str, loader: str, staged: Path) -> None:
         """Editable installs import the package from the source tree, which we leave untouched.
@@ -195,9 +165,9 @@ class AotiBuildHook(BuildHookInterface):
         include[str(pth)] = pth.name
 
 
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return "  (no log)"
-    return "\n".join(f"  | {line}" for line in lines[-LOG_TAIL_LINES:])
+
+def _torch_lib_dir() -> Path:
+    """``torch/lib`` of the build environment's torch, found without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) / "lib" if locations else Path("/nonexistent")

@@ -123,32 +123,40 @@ def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
         job.module, job.plan = module, plan
 
 
-def compile_one(job: ModelJob, pt2_dir: Path, artifact_root: Path) -> dict[str, Any]:
+def export_one(job: ModelJob) -> Any:
     import torch
+
+    args, kwargs = job.plan.export_sample
+    try:
+        return torch.export.export(job.module, args, kwargs, dynamic_shapes=job.plan.dynamic_shapes)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelFailure(job.spec.name, "export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
+
+
+def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path) -> dict[str, Any]:
     import torch._inductor
 
     from hatch_aoti.artifacts import unpack_pt2
 
+    from hatch_aoti.cpu_targets import resolve
+
     spec, plan = job.spec, job.plan
-    args, kwargs = plan.export_sample
-    try:
-        exported = torch.export.export(job.module, args, kwargs, dynamic_shapes=plan.dynamic_shapes)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelFailure(spec.name, "export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
+    target = resolve(spec.cpu_target)
+    configs = {**target.inductor_configs, **spec.inductor_configs} if spec.device == "cpu" else spec.inductor_configs
     pt2 = pt2_dir / f"{spec.name}.pt2"
     try:
-        torch._inductor.aoti_compile_and_package(
-            exported, package_path=str(pt2), inductor_configs=dict(spec.inductor_configs)
-        )
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
     except Exception as exc:  # noqa: BLE001
         raise ModelFailure(spec.name, "compile", f"AOTInductor failed: {type(exc).__name__}: {exc}") from None
     entry = unpack_pt2(pt2, artifact_root, spec.name)
+    pt2.unlink()
     entry["call"] = describe_call(exported, plan.axis_names)
     entry.update(
         device=spec.device,
         inputs=plan.description,
         dynamic={name: {"min": lo, "max": hi} for name, (lo, hi) in plan.dims.items()},
-        inductor_configs=dict(spec.inductor_configs),
+        inductor_configs=dict(configs),
+        cpu={"target": target.name, "arch": target.arch, "features": list(target.features)},
     )
     return entry
 
@@ -245,10 +253,13 @@ def _import_file(name: str, path: Path) -> Any:
     return module
 
 
-def run(job: dict[str, Any], emit: Callable[..., None]) -> int:
+def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[], bool]) -> int:
+    """Check every model, wait for the hook's go-ahead, then build each (or take it from the cache)."""
     from hatch_aoti import __version__
     from hatch_aoti.artifacts import ARTIFACT_DIR, write_loader
+    from hatch_aoti.cache import CompileCache
     from hatch_aoti.config import ModelSpec
+    from hatch_aoti.fingerprint import cache_key
 
     for entry in reversed(job["sys_path"]):
         sys.path.insert(0, entry)
@@ -257,10 +268,12 @@ def run(job: dict[str, Any], emit: Callable[..., None]) -> int:
     jobs = [ModelJob(ModelSpec.from_json(m)) for m in job["models"]]
     problems: list[tuple[str, str]] = []
     check(jobs, problems)
-    if problems:
-        emit("config_errors", problems=problems)
-        return EXIT_CONFIG
+    emit("checked", problems=problems)
+    # Other workers check other models: nobody compiles until every model checked out.
+    if problems or not wait_for_go():
+        return EXIT_CONFIG if problems else 0
 
+    cache = CompileCache(Path(job["cache"])) if job.get("cache") else None
     stage = Path(job["stage"])
     package_dir = stage / "package"
     artifact_root = package_dir / ARTIFACT_DIR
@@ -268,24 +281,39 @@ def run(job: dict[str, Any], emit: Callable[..., None]) -> int:
     pt2_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, dict[str, Any]] = {}
     manifest = {"hatch_aoti": __version__, "torch": torch.__version__, "models": entries}
+    fresh: list[tuple[ModelJob, str]] = []
     try:
         for j in jobs:
+            name = j.spec.name
             start = time.perf_counter()
-            emit("model_start", model=j.spec.name)
-            entries[j.spec.name] = compile_one(j, pt2_dir, artifact_root)
-            emit("model_compiled", model=j.spec.name, seconds=time.perf_counter() - start)
+            emit("model_start", model=name)
+            exported = export_one(j)
+            key = cache_key(exported, j.spec.to_json(), j.plan.description, j.spec.cpu_target, __version__)
+            record = cache.lookup(key, artifact_root / name) if cache else None
+            if record is not None:
+                entries[name] = record["entry"]
+                emit("model_cached", model=name, seconds=time.perf_counter() - start,
+                     verification=record["entry"].get("verification"))
+                continue
+            entries[name] = compile_one(j, exported, pt2_dir, artifact_root)
+            fresh.append((j, key))
+            emit("model_compiled", model=name, seconds=time.perf_counter() - start)
         write_loader(package_dir, job["loader"], manifest)
         loader = _import_file(f"_hatch_aoti_staged_{job['loader']}", package_dir / f"{job['loader']}.py")
-        for j in jobs:
+        for j, key in fresh:
+            name = j.spec.name
             start = time.perf_counter()
             if j.spec.verify:
-                entries[j.spec.name]["verification"] = report = verify_one(j, loader)
-                worst = max((t["max_abs_err"] for t in report["tried"]), default=0.0)
-                emit("model_verified", model=j.spec.name, seconds=time.perf_counter() - start,
-                     samples=len(report["tried"]), max_abs_err=worst)
+                entries[name]["verification"] = report = verify_one(j, loader)
+                emit("model_verified", model=name, seconds=time.perf_counter() - start, verification=report)
             else:
-                entries[j.spec.name]["verification"] = {"passed": None, "skipped": "verify = false"}
-                emit("model_verified", model=j.spec.name, skipped=True)
+                entries[name]["verification"] = {"passed": None, "skipped": "verify = false"}
+                emit("model_verified", model=name, verification=entries[name]["verification"])
+            if cache is not None:
+                try:
+                    cache.store(key, artifact_root / name, {"entry": entries[name]})
+                except OSError as exc:  # a read-only or full cache must not fail the build
+                    emit("warning", message=f"{name}: could not write the compile cache ({exc})")
     except ModelFailure as exc:
         emit("model_error", model=exc.model, stage=exc.stage, message=str(exc))
         return EXIT_MODEL
@@ -299,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     fd = os.environ.get("HATCH_AOTI_EVENT_FD")
     events = _Events(int(fd) if fd else None)
-    return run(job, events.emit)
+    return run(job, events.emit, lambda: sys.stdin.readline().strip() == "go")
 
 
 if __name__ == "__main__":

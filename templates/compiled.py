@@ -19,7 +19,6 @@ import json
 import os
 import threading
 import warnings
-import zipfile
 
 __all__ = ["info", "load", "names", "save_pt2"]
 
@@ -74,14 +73,21 @@ def save_pt2(name, path):
 
 
 def _pt2_bytes(entry):
+    """The standard ``.pt2`` archive: shipped files plus the small members kept in the manifest."""
+    import zipfile
+
     root = os.path.join(_HERE, entry["package_dir"])
     prefix = os.path.basename(root)
+    inline = entry["inline"]
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for member in entry["members"]:
             info = zipfile.ZipInfo(f"{prefix}/{member}", date_time=(1980, 1, 1, 0, 0, 0))
-            with open(os.path.join(root, member), "rb") as f:
-                archive.writestr(info, f.read())
+            if member in inline:
+                archive.writestr(info, inline[member].encode("utf-8"))
+            else:
+                with open(os.path.join(root, member), "rb") as f:
+                    archive.writestr(info, f.read())
     return buffer.getvalue()
 
 
@@ -105,6 +111,8 @@ class _CompiledModel:
                 f"({torch.__version__}) sees no CUDA device"
             )
         self._file = os.path.join(_HERE, entry["file"])
+        if self.device == "cpu":
+            _check_cpu(name, entry["cpu"])
         try:
             self._runner = _fast_runner(torch, self._file, self.device)
             in_spec, out_spec = self._runner.get_call_spec()
@@ -182,6 +190,48 @@ class _CompiledModel:
             if not fits:
                 raise ValueError(f"{where} must be {expected}; got {got}")
         raise AssertionError("no input was rejected")
+
+
+def _check_cpu(name, cpu, machine=None, flags=None):
+    """Refuse, with the reason, a CPU that lacks the instructions the model was built for.
+
+    Running it anyway would die with SIGILL (torch itself only logs a warning).
+    """
+    machine = machine or os.uname().machine
+    if cpu["arch"] != machine:
+        raise RuntimeError(
+            f"compiled model {name!r} was built for {cpu['arch']} CPUs ({cpu['target']}); this machine is {machine}"
+        )
+    if flags is None:
+        flags = _host_flags()
+    if flags is None:
+        return  # no /proc/cpuinfo to read: nothing to check against
+    missing = [f for f in cpu["features"] if f not in flags]
+    if missing:
+        raise RuntimeError(
+            f"compiled model {name!r} needs a CPU with {cpu['target']} instructions; this CPU lacks "
+            f"{', '.join(missing)}. Rebuild the wheel with an older `cpu-target` (for example "
+            '"x86-64-v3") to run it here.'
+        )
+
+
+_FLAGS = []
+
+
+def _host_flags():
+    """CPU flags of this machine from /proc/cpuinfo, read once; None where there is none."""
+    if not _FLAGS:
+        flags = None
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith(("flags", "Features")):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _FLAGS.append(flags)
+    return _FLAGS[0]
 
 
 def _callable(engine):

@@ -33,6 +33,15 @@ def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.Completed
     return proc
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Builds in the tests use their own compile cache, never the user's."""
+    root = tmp_path_factory.mktemp("compile-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HATCH_AOTI_CACHE_DIR", str(root))
+        yield root
+
+
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """hatch-aoti's own wheel, so isolated builds can install it from `PIP_FIND_LINKS`."""
@@ -43,7 +52,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def build_env(wheelhouse: Path) -> dict[str, str]:
+def build_env(wheelhouse: Path, private_compile_cache: Path) -> dict[str, str]:
     """Environment for frontends: our wheelhouse first, existing find-links kept."""
     links = [str(wheelhouse), *filter(None, os.environ.get("PIP_FIND_LINKS", "").split())]
     env = {**os.environ, "PIP_FIND_LINKS": " ".join(links)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tarfile
 import zipfile
@@ -237,3 +238,39 @@ def test_load_writes_no_files(sample_installed: Runtime, tmp_path: Path) -> None
     assert proc.returncode == 0
     assert list(tmpdir.iterdir()) == []
     assert sorted(os.listdir(site)) == before
+
+
+def test_default_target_has_no_avx512_instructions(sample_dists: tuple[Path, Path], tmp_path: Path) -> None:
+    import shutil
+
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils) is needed for this check"
+    with zipfile.ZipFile(sample_dists[1]) as zf:
+        libraries = [n for n in zf.namelist() if n.endswith(".so")]
+        zf.extractall(tmp_path, libraries)
+        manifest = json.loads(zf.read("sample_models/_aoti/manifest.json"))
+    assert len(libraries) == 2
+    for name in libraries:
+        listing = run([objdump, "-d", "--no-show-raw-insn", str(tmp_path / name)]).stdout
+        assert "ymm" in listing, "expected AVX2 code: the check would be vacuous otherwise"
+        assert "zmm" not in listing, f"{name} uses AVX-512 registers"
+    for entry in manifest["models"].values():
+        assert entry["cpu"]["target"] == "x86-64-v3" and "avx2" in entry["cpu"]["features"]
+        assert "avx512f" not in entry["cpu"]["features"]
+
+
+def test_auditwheel_agrees_with_the_tag(sample_dists: tuple[Path, Path]) -> None:
+    wheel = sample_dists[1]
+    report = json.loads(run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)]).stdout)
+    ours = wheel.name.removesuffix(".whl").split("-")[-1]
+    assert report["sym_tag"] == ours, "the symbol versions the libraries use give exactly our tag"
+    assert set(report["external_libs"]) <= {"libtorch_cpu.so", "libgomp.so.1", "libc10.so"}, (
+        "everything outside the manylinux list must be shipped by torch"
+    )
+    assert report["unsupported_isa"] is False
+
+
+def test_twine_check_and_check_wheel_contents(sample_dists: tuple[Path, Path]) -> None:
+    run([sys.executable, "-m", "twine", "check", "--strict", str(sample_dists[1])])
+    proc = run([sys.executable, "-m", "check_wheel_contents", str(sample_dists[1])])
+    assert "OK" in proc.stdout

@@ -1,0 +1,78 @@
+"""Build-time benchmark: cold build, warm rebuild (compile cache hit), hook-less build.
+
+Run with an interpreter that has hatch-aoti, torch and `build` installed (the test venv:
+`.venv-test/bin/python benchmarks/build.py`). Every build gets a fresh
+TORCHINDUCTOR_CACHE_DIR, so torch's own caches never help; the cold build also gets an
+empty hatch-aoti cache. Builds are `python -m build --wheel --no-isolation` (with
+`--isolated`, also the isolated builds that install build requirements every time).
+Rounds are interleaved and medians printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def timed_build(project: Path, out: Path, env: dict[str, str], isolated: bool) -> float:
+    cmd = [sys.executable, "-m", "build", "--wheel", "-o", str(out), str(project)]
+    if not isolated:
+        cmd.insert(4, "--no-isolation")
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--isolated", action="store_true", help="also time isolated builds")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        project = work / "sample_project"
+        shutil.copytree(REPO / "sample_project", project, ignore=shutil.ignore_patterns("dist", "build"))
+        base_env = {k: v for k, v in os.environ.items() if k not in ("HATCH_AOTI_NO_CACHE", "HATCH_BUILD_NO_HOOKS")}
+        modes = [False, True] if args.isolated else [False]
+        if args.isolated:
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "wh"),
+                            str(REPO)], check=True)  # fmt: skip
+            base_env["PIP_FIND_LINKS"] = f"{work / 'wh'} {os.environ.get('PIP_FIND_LINKS', '')}".strip()
+        results: dict[str, list[float]] = {}
+        for round_index in range(args.rounds):
+            for isolated in modes:
+                tag = "isolated" if isolated else "no-isolation"
+                aoti_cache = work / f"aoti-cache-{round_index}-{tag}"
+
+                def env(label: str, **extra: str) -> dict[str, str]:
+                    inductor = work / f"inductor-{round_index}-{tag}-{label}"
+                    return {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(inductor),
+                            "HATCH_AOTI_CACHE_DIR": str(aoti_cache), **extra}  # fmt: skip
+
+                out = work / "dist"
+                for label, extra in (("cold", {}), ("warm", {}), ("hook-less", {"HATCH_BUILD_NO_HOOKS": "true"})):
+                    seconds = timed_build(project, out, env(label, **extra), isolated)
+                    results.setdefault(f"{tag} {label}", []).append(seconds)
+                    print(f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s", flush=True)
+        print()
+        for tag in ("isolated" if m else "no-isolation" for m in modes):
+            cold = statistics.median(results[f"{tag} cold"])
+            warm = statistics.median(results[f"{tag} warm"])
+            bare = statistics.median(results[f"{tag} hook-less"])
+            print(f"{tag}: cold {cold:.2f}s, warm {warm:.2f}s, hook-less {bare:.2f}s (medians of {args.rounds})")
+            print(f"  warm / cold      = {warm / cold:.3f}  (goal <= 0.15)")
+            print(f"  warm / hook-less = {warm / bare:.2f}")
+
+
+if __name__ == "__main__":
+    main()

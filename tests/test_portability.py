@@ -1,0 +1,131 @@
+"""Platform tag and CPU-target checks: unit tests with injected inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.cpu_targets import X86_64_V3, X86_64_V4, default_target, resolve
+from hatch_aoti.platform_tag import ElfNeeds, tag_for
+
+GOMP = {"libgomp.so.1": {"GOMP_4.0", "OMP_1.0", "GOMP_1.0"}, "libtorch_cpu.so": set()}
+
+
+def needs(glibc: str = "2.17", glibcxx: str = "3.4.19", extra: dict | None = None) -> ElfNeeds:
+    return ElfNeeds(
+        "x86_64",
+        {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "libtorch_cpu.so",
+         "libgomp.so.1", *(extra or {})},
+        {"libc.so.6": {f"GLIBC_{glibc}", "GLIBC_2.2.5"}, "libstdc++.so.6": {f"GLIBCXX_{glibcxx}", "CXXABI_1.3"},
+         "libgcc_s.so.1": {"GCC_3.0"}, "libgomp.so.1": {"GOMP_4.0"}, **(extra or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("glibc", "glibcxx", "tag"),
+    [
+        ("2.17", "3.4.19", "manylinux_2_17_x86_64"),
+        ("2.28", "3.4.19", "manylinux_2_28_x86_64"),
+        ("2.34", "3.4.29", "manylinux_2_34_x86_64"),
+        ("2.34", "3.4.30", "manylinux_2_35_x86_64"),  # GCC 12's libstdc++ is newer than glibc says
+    ],
+)
+def test_tag_is_the_most_compatible_policy_allowing_every_symbol(glibc: str, glibcxx: str, tag: str) -> None:
+    assert tag_for(needs(glibc, glibcxx), GOMP) == (tag, None)
+
+
+def test_libraries_must_be_allowed_or_shipped_by_torch() -> None:
+    tag, why = tag_for(needs(), {})
+    assert tag == "linux_x86_64"
+    assert "libgomp.so.1 (neither allowed by manylinux nor shipped by torch)" in why
+    tag, why = tag_for(needs(), {"libgomp.so.1": {"GOMP_1.0"}, "libtorch_cpu.so": set()})
+    assert tag == "linux_x86_64" and "torch's libgomp.so.1 lacks GOMP_4.0" in why
+    tag, why = tag_for(needs(extra={"libcudart.so.12": set()}), GOMP)
+    assert tag == "linux_x86_64" and "libcudart.so.12" in why
+
+
+def test_real_libraries_of_this_torch() -> None:
+    from hatch_aoti.platform_tag import torch_libraries
+
+    torch = pytest.importorskip("torch")
+    provided = torch_libraries(Path(torch.__file__).parent / "lib")
+    assert "libtorch_cpu.so" in provided
+    assert "libgomp.so.1" in provided and "GOMP_4.0" in provided["libgomp.so.1"]
+
+
+# -- CPU targets -----------------------------------------------------------------------
+
+
+def test_default_targets_and_native() -> None:
+    assert default_target("x86_64") == "x86-64-v3"
+    assert default_target("aarch64") == "armv8-a"
+    assert default_target("riscv64") == "native"
+    v3 = resolve("x86-64-v3")
+    assert v3.inductor_configs == {"cpp.march": "x86-64-v3", "cpp.simdlen": 256}
+    native = resolve("native", "x86_64", {"avx2", "fma", "avx512f", "avx512_vnni", "ht", "sse4_2"})
+    assert native.features == ("avx2", "avx512_vnni", "avx512f", "fma", "sse4_2")
+
+
+def test_cpu_target_config_problems() -> None:
+    models = {"m": {"factory": "a:b", "inputs": [], "cpu-target": "x86-64-v5",
+                    "inductor-configs": {"cpp.simdlen": 512}}}  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"cpu-target": "armv8-a", "models": models}, machine="x86_64")
+    found = dict(info.value.problems)
+    assert "is for aarch64 machines; this build machine is x86_64" in found[f"{HOOK_PATH}.cpu-target"]
+    assert "did you mean `x86-64-v4`" in found[f"{HOOK_PATH}.models.m.cpu-target"]
+    assert "is set by cpu-target 'x86-64-v3'" in found[f"{HOOK_PATH}.models.m.inductor-configs.cpp.simdlen"]
+
+
+def test_cpu_target_resolution_order() -> None:
+    settings = parse_settings(
+        {"cpu-target": "x86-64-v4", "models": {"a": {"factory": "a:b", "inputs": []},
+                                               "b": {"factory": "a:b", "inputs": [], "cpu-target": "native",
+                                                     "inductor-configs": {"cpp.simdlen": 256}}}},
+        machine="x86_64",
+    )  # fmt: skip
+    assert [m.cpu_target for m in settings.models] == ["x86-64-v4", "native"]
+    assert parse_settings({"models": {"a": {"factory": "a:b", "inputs": []}}}, machine="x86_64").models[
+        0
+    ].cpu_target == "x86-64-v3"
+
+
+@pytest.fixture
+def loader(tmp_path: Path):
+    """The loader template, installed beside a manifest with no models."""
+    (tmp_path / "_aoti").mkdir()
+    (tmp_path / "_aoti" / "manifest.json").write_text(json.dumps({"models": {}, "torch": "x", "hatch_aoti": "y"}))
+    shutil.copy(REPO / "templates" / "compiled.py", tmp_path / "compiled.py")
+    spec = importlib.util.spec_from_file_location("loader_under_test", tmp_path / "compiled.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_isa_check_names_model_target_and_missing_features(loader) -> None:
+    cpu = {"target": "x86-64-v4", "arch": "x86_64", "features": list(X86_64_V4)}
+    avx2_host = set(X86_64_V3) | {"ht", "sse2"}
+    with pytest.raises(RuntimeError) as info:
+        loader._check_cpu("mlp", cpu, machine="x86_64", flags=avx2_host)
+    message = str(info.value)
+    assert "compiled model 'mlp' needs a CPU with x86-64-v4 instructions" in message
+    assert "avx512bw, avx512cd, avx512dq, avx512f, avx512vl" in message
+    loader._check_cpu("mlp", cpu, machine="x86_64", flags=set(X86_64_V4))  # enough: no error
+
+
+def test_isa_check_refuses_another_architecture(loader) -> None:
+    cpu = {"target": "x86-64-v3", "arch": "x86_64", "features": list(X86_64_V3)}
+    with pytest.raises(RuntimeError, match="built for x86_64 CPUs .* this machine is aarch64"):
+        loader._check_cpu("mlp", cpu, machine="aarch64", flags={"asimd"})
+
+
+def test_loader_keyerror_lists_known_names(loader) -> None:
+    with pytest.raises(KeyError, match="known models: none"):
+        loader.load("missing")
+    assert loader.names() == ()
