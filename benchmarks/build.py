@@ -54,14 +54,15 @@ def main() -> None:
                 tag = "isolated" if isolated else "no-isolation"
                 aoti_cache = work / f"aoti-cache-{round_index}-{tag}"
 
-                def env(label: str, **extra: str) -> dict[str, str]:
-                    inductor = work / f"inductor-{round_index}-{tag}-{label}"
-                    return {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(inductor),
-                            "HATCH_AOTI_CACHE_DIR": str(aoti_cache), **extra}  # fmt: skip
-
                 out = work / "dist"
                 for label, extra in (("cold", {}), ("warm", {}), ("hook-less", {"HATCH_BUILD_NO_HOOKS": "true"})):
-                    seconds = timed_build(project, out, env(label, **extra), isolated)
+                    env = {
+                        **base_env,
+                        "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{round_index}-{tag}-{label}"),
+                        "HATCH_AOTI_CACHE_DIR": str(aoti_cache),
+                        **extra,
+                    }
+                    seconds = timed_build(project, out, env, isolated)
                     results.setdefault(f"{tag} {label}", []).append(seconds)
                     print(f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s", flush=True)
         print()

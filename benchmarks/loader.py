@@ -56,10 +56,9 @@ def per_call(name: str, pt2: str, repeat: int, number: int) -> None:
 
     import torch
     import torch._inductor
-
     from sample_models import compiled, models
 
-    x = eval(INPUTS[name], {"torch": torch})  # noqa: S307 - fixed strings above
+    x = eval(INPUTS[name], {"torch": torch})
     ours = compiled.load(name)
     # The same runner object underneath: two runners on one library differ by several
     # percent (memory placement), which would swamp the loader's own overhead.
@@ -121,7 +120,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-
     from sample_models import compiled
 
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus")

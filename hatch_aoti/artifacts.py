@@ -62,7 +62,7 @@ def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
         for info in archive.infolist():
             if info.is_dir():
                 continue
-            top, _, rest = info.filename.partition("/")
+            _, _, rest = info.filename.partition("/")
             if not rest or ".." in Path(rest).parts:
                 raise ValueError(f"unexpected member {info.filename!r} in {pt2.name}")
             if info.filename.endswith(SKIPPED_SUFFIXES):

@@ -79,19 +79,11 @@ def compiler_identity() -> str:
     return f"{path}\n{version}"
 
 
-@functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
     """Machine and ISA flags; the compiled code depends on them when it targets the build CPU."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                    break
-    except OSError:
-        pass
-    return f"{platform.machine()} {flags}"
+    from hatch_aoti.cpu_targets import host_flags
+
+    return f"{platform.machine()} {' '.join(sorted(host_flags()))}"
 
 
 def cache_key(exported: Any, spec_json: dict[str, Any], plan_description: dict[str, Any],

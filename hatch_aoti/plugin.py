@@ -1,7 +1,7 @@
 """The ``aoti`` build hook: config → worker (export, compile, verify) → wheel contents.
 
-The hook itself stays light: it validates the TOML, hands the models to a worker
-process, and only after every model compiled and verified does it touch
+The hook itself stays light: it validates the TOML, hands the models to worker
+processes (torch is never imported here), and only after every model compiled and verified does it touch
 ``build_data`` (tag, ``pure_python``, ``force_include``, ``dependencies``). Any failure
 aborts before the wheel is written, and the staging directory is removed.
 """
@@ -19,6 +19,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from hatch_aoti.config import HOOK_PATH, ConfigError, HookSettings, parse_settings
 from hatch_aoti.dispatch import BuildFailed
+
 
 class AotiBuildHook(BuildHookInterface):
     PLUGIN_NAME = "aoti"
@@ -76,7 +77,11 @@ class AotiBuildHook(BuildHookInterface):
         torch_version = self._run_workers(settings, source_root)
 
         from hatch_aoti.artifacts import ARTIFACT_DIR
-        from hatch_aoti.platform_tag import platform_tag, torch_libraries, torch_requirement
+        from hatch_aoti.platform_tag import (
+            platform_tag,
+            torch_libraries,
+            torch_requirement,
+        )
 
         staged = self._stage / "package"
         libraries = sorted((staged / ARTIFACT_DIR).rglob("*.so"))
@@ -163,7 +168,6 @@ class AotiBuildHook(BuildHookInterface):
         include[str(staged)] = home
         include[str(finder)] = finder.name
         include[str(pth)] = pth.name
-
 
 
 def _torch_lib_dir() -> Path:

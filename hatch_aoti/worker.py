@@ -16,8 +16,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 EXIT_CONFIG = 3
 EXIT_MODEL = 4
@@ -137,7 +138,6 @@ def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path
     import torch._inductor
 
     from hatch_aoti.artifacts import unpack_pt2
-
     from hatch_aoti.cpu_targets import resolve
 
     spec, plan = job.spec, job.plan

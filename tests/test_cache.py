@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import Runtime, build_no_isolation, write_project
+
 from hatch_aoti import cache as cache_mod
 from hatch_aoti.cache import CompileCache
 

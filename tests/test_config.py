@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_aoti.config import HOOK_PATH, ConfigError, DimSpec, ModelSpec, TensorSpec, parse_settings
+from hatch_aoti.config import (
+    HOOK_PATH,
+    ConfigError,
+    DimSpec,
+    ModelSpec,
+    TensorSpec,
+    parse_settings,
+)
 
 M = f"{HOOK_PATH}.models"
 

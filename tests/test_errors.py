@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import build_no_isolation, write_project
 
 pytestmark = pytest.mark.integration

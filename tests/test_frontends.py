@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import Runtime, build_no_isolation, run, write_project
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec  # noqa: E402
-from hatch_aoti.inputs import InputError, normalise_samples, plan_declared, plan_from_samples  # noqa: E402
+from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec
+from hatch_aoti.inputs import (
+    InputError,
+    normalise_samples,
+    plan_declared,
+    plan_from_samples,
+)
 
 
 def spec(**overrides) -> ModelSpec:

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
 from hatch_aoti.cpu_targets import X86_64_V3, X86_64_V4, default_target, resolve
 from hatch_aoti.platform_tag import ElfNeeds, tag_for

@@ -9,9 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from packaging.tags import parse_tag
-
 from conftest import REPO, Runtime, copy_project, run
+from packaging.tags import parse_tag
 
 pytestmark = pytest.mark.integration
 
