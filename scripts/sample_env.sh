@@ -14,6 +14,6 @@ mkdir -p "$work"
 PIP_FIND_LINKS="$work/wheelhouse ${PIP_FIND_LINKS:-}" \
   "$work/tools/bin/python" -m build --wheel -o "$work/dist" sample_project >&2
 "$PYTHON" -m venv "$work/run"
-"$work/run/bin/python" -m pip install -q "torch==2.13.0"
+"$work/run/bin/python" -m pip install -q "torch==2.13.0" numpy
 "$work/run/bin/python" -m pip install -q "$work"/dist/sample_models-*.whl
 basename "$work"/dist/sample_models-*.whl
