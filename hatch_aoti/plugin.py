@@ -91,7 +91,7 @@ class AotiBuildHook(BuildHookInterface):
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged)
         else:
-            tag, why = platform_tag(libraries, torch_libraries(_torch_lib_dir()))
+            tag, why = platform_tag(libraries, _torch_lib_dir())
             if why:
                 self.app.display_warning(f"aoti: tagging the wheel {tag}: {why}")
             build_data["pure_python"] = False
