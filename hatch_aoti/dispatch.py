@@ -8,6 +8,7 @@ the build before any compile, with all problems listed together.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hatch_aoti.artifacts import ARTIFACT_DIR, MANIFEST, write_loader
 from hatch_aoti.config import HOOK_PATH, ConfigError, ModelSpec
@@ -36,7 +37,9 @@ class _Worker:
     models: list[ModelSpec]
     stage: Path
     proc: subprocess.Popen[bytes]
-    events: IO[str]
+    events: int
+    """Read end of the worker's event pipe (raw fd: events are read as they arrive)."""
+    pending: bytes = b""
     checked: list[tuple[str, str]] | None = None
     done: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -70,7 +73,8 @@ class Dispatch:
                     w.proc.kill()
                 w.proc.wait()
                 if w.proc.stdin:
-                    w.proc.stdin.close()
+                    with contextlib.suppress(OSError):  # a dead worker's pipe
+                        w.proc.stdin.close()
         self._raise_for(workers)
         return self._merge(workers)
 
@@ -100,7 +104,7 @@ class Dispatch:
                     pass_fds=(write_fd,),
                 )  # fmt: skip
             os.close(write_fd)
-            workers.append(_Worker(index, group, stage, proc, os.fdopen(read_fd, encoding="utf-8")))
+            workers.append(_Worker(index, group, stage, proc, read_fd))
         return workers
 
     def _pump(self, workers: list[_Worker]) -> None:
@@ -108,27 +112,31 @@ class Dispatch:
         for w in workers:
             selector.register(w.events, selectors.EVENT_READ, w)
         released = False
-        open_count = len(workers)
-        while open_count:
-            for key, _ in selector.select():
-                w: _Worker = key.data
-                line = w.events.readline()
-                if not line:
-                    selector.unregister(w.events)
-                    w.events.close()
-                    w.closed = True
-                    open_count -= 1
-                    continue
-                self._on_event(w, json.loads(line))
-                if w.error is not None:
-                    return  # one model failed: stop the others (killed by run())
-            if not released and all(x.checked is not None or x.closed for x in workers):
-                released = True
-                go = all(x.checked == [] for x in workers)
-                for x in workers:
-                    self._send(x, "go" if go else "stop")
-                if not go:
-                    return
+        try:
+            while selector.get_map():
+                for key, _ in selector.select():
+                    w: _Worker = key.data
+                    chunk = os.read(w.events, 65536)
+                    if not chunk:
+                        selector.unregister(w.events)
+                        w.closed = True
+                        continue
+                    *lines, w.pending = (w.pending + chunk).split(b"\n")
+                    for line in lines:
+                        self._on_event(w, json.loads(line))
+                    if w.error is not None:
+                        return  # one model failed: stop the others (killed by run())
+                if not released and all(x.checked is not None or x.closed for x in workers):
+                    released = True
+                    go = all(x.checked == [] for x in workers)
+                    for x in workers:
+                        self._send(x, "go" if go else "stop")
+                    if not go:
+                        return
+        finally:
+            selector.close()
+            for w in workers:
+                os.close(w.events)
 
     @staticmethod
     def _send(worker: _Worker, word: str) -> None:

@@ -77,11 +77,7 @@ class AotiBuildHook(BuildHookInterface):
         torch_version = self._run_workers(settings, source_root)
 
         from hatch_aoti.artifacts import ARTIFACT_DIR
-        from hatch_aoti.platform_tag import (
-            platform_tag,
-            torch_libraries,
-            torch_requirement,
-        )
+        from hatch_aoti.platform_tag import platform_tag, torch_requirement
 
         staged = self._stage / "package"
         libraries = sorted((staged / ARTIFACT_DIR).rglob("*.so"))

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.config import ModelSpec
+
 EXIT_CONFIG = 3
 EXIT_MODEL = 4
 
@@ -49,13 +51,12 @@ def _short_exception(exc: BaseException) -> str:
 
 
 class ModelJob:
-    """One model on its way through the worker."""
+    """One model on its way through the worker: its spec, then its module and input plan."""
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.module: Any = None
         self.plan: Any = None
-        self.entry: dict[str, Any] = {}
 
 
 def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
@@ -258,7 +259,6 @@ def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[]
     from hatch_aoti import __version__
     from hatch_aoti.artifacts import ARTIFACT_DIR, write_loader
     from hatch_aoti.cache import CompileCache
-    from hatch_aoti.config import ModelSpec
     from hatch_aoti.fingerprint import cache_key
 
     for entry in reversed(job["sys_path"]):

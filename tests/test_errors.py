@@ -45,6 +45,11 @@ MODELS = """
     def not_a_module():
         return 42
 
+    def crash():
+        import os, signal
+        print("about to crash")
+        os.kill(os.getpid(), signal.SIGSEGV)   # a native crash, as a broken extension would
+
     boom = 3
 """
 
@@ -143,3 +148,16 @@ def test_verification_failure_reports_input_and_error(tmp_path: Path) -> None:
     assert f"model 'noisy' ({M}.noisy) failed at verify" in text
     assert "differs from eager on example inputs [[64]]" in text
     assert "max abs err" in text and "max rel err" in text
+
+
+def test_worker_crash_is_a_build_error_with_the_log(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.boom]
+        factory = "badpkg.models:crash"
+        inputs = [{ shape = [2] }]
+        """,
+    )
+    assert "the compile worker for boom was killed by signal 11" in text
+    assert "| about to crash" in text
