@@ -143,7 +143,8 @@ def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path
 
     spec, plan = job.spec, job.plan
     target = resolve(spec.cpu_target)
-    configs = {**target.inductor_configs, **spec.inductor_configs} if spec.device == "cpu" else spec.inductor_configs
+    # The target applies to CUDA models too: their wrapper is CPU code built with -march.
+    configs = {**target.inductor_configs, **spec.inductor_configs}
     pt2 = pt2_dir / f"{spec.name}.pt2"
     try:
         torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))

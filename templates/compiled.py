@@ -111,8 +111,7 @@ class _CompiledModel:
                 f"({torch.__version__}) sees no CUDA device"
             )
         self._file = os.path.join(_HERE, entry["file"])
-        if self.device == "cpu":
-            _check_cpu(name, entry["cpu"])
+        _check_cpu(name, entry["cpu"])
         try:
             self._runner = _fast_runner(torch, self._file, self.device)
             in_spec, out_spec = self._runner.get_call_spec()
