@@ -290,7 +290,12 @@ def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[]
             emit("model_start", model=name)
             exported = export_one(j)
             key = cache_key(exported, j.spec.to_json(), j.plan.description, j.spec.cpu_target, __version__)
-            record = cache.lookup(key, artifact_root / name) if cache else None
+            record = None
+            if cache is not None:
+                try:
+                    record = cache.lookup(key, artifact_root / name)
+                except OSError as exc:  # an unreadable cache is a miss, not a failed build
+                    emit("warning", message=f"{name}: could not read the compile cache ({exc})")
             if record is not None:
                 entries[name] = record["entry"]
                 emit("model_cached", model=name, seconds=time.perf_counter() - start,

@@ -62,6 +62,15 @@ def test_interrupted_write_is_never_read(tmp_path: Path) -> None:
     assert store.lookup(key, tmp_path / "out") is None
 
 
+def test_unusable_cache_location_is_a_miss_and_store_raises_oserror(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    store = CompileCache(blocker)
+    assert store.lookup("ab" * 32, tmp_path / "out") is None
+    with pytest.raises(OSError):  # the worker turns this into a warning, not a failed build
+        store.store("ab" * 32, make_artifact(tmp_path / "a"), {"entry": {}})
+
+
 def test_environment_controls(tmp_path: Path) -> None:
     assert cache_mod.from_env({"HATCH_AOTI_NO_CACHE": "1"}) is None
     assert cache_mod.from_env({"HATCH_AOTI_CACHE_DIR": str(tmp_path)}).root == tmp_path
