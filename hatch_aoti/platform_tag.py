@@ -149,13 +149,12 @@ def platform_tag(libraries: Iterable[Path], torch_lib_dir: Path) -> tuple[str, s
 
 def tag_for(needs: ElfNeeds, provided: dict[str, set[str]]) -> tuple[str, str | None]:
     """:func:`platform_tag` for needs already read (and merged) from the libraries."""
-    merged = needs
     last: list[str] = []
     for policy in _policies():
-        last = _blockers(policy, merged, provided)
+        last = _blockers(policy, needs, provided)
         if not last:
-            return f"{policy['name']}_{merged.arch}", None
-    return f"linux_{merged.arch}", "no manylinux policy allows " + "; ".join(last)
+            return f"{policy['name']}_{needs.arch}", None
+    return f"linux_{needs.arch}", "no manylinux policy allows " + "; ".join(last)
 
 
 def torch_requirement(torch_version: str) -> str:

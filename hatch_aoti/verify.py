@@ -16,10 +16,6 @@ from torch.utils import _pytree as pytree
 from hatch_aoti.inputs import default_tolerances
 
 
-class VerificationError(Exception):
-    """Compiled and eager outputs disagree."""
-
-
 @dataclass
 class Comparison:
     label: str

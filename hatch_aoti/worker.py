@@ -90,8 +90,9 @@ def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
                              "not a torch.nn.Module"))
             continue
         module = module.to(spec.device).eval()
+        signature = inspect.signature(module.forward)
         params = [
-            p.name for p in inspect.signature(module.forward).parameters.values()
+            p.name for p in signature.parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         ]
         try:
@@ -116,11 +117,11 @@ def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
             continue
         args, kwargs = plan.export_sample
         try:
-            inspect.signature(module.forward).bind(*args, **kwargs)
+            signature.bind(*args, **kwargs)
         except TypeError as exc:
             key = "example-inputs" if spec.example_inputs else "inputs"
             problems.append((f"{path}.{key}", f"do not match {type(module).__name__}.forward"
-                             f"{inspect.signature(module.forward)}: {exc}"))
+                             f"{signature}: {exc}"))
             continue
         job.module, job.plan = module, plan
 

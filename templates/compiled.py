@@ -184,9 +184,7 @@ class _CompiledModel:
             dtype, cpu, sizes, ranges = self._checks[position]
             if tensor.dtype is not dtype or tensor.is_cpu is not cpu or not (cpu or tensor.is_cuda):
                 raise TypeError(f"{where} must be {expected}; got {got}")
-            shape = tensor.shape
-            fits = len(shape) == len(sizes) and _in_ranges(shape, sizes, ranges) if ranges else shape == sizes
-            if not fits:
+            if not (_in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes):
                 raise ValueError(f"{where} must be {expected}; got {got}")
         raise AssertionError("no input was rejected")
 
@@ -268,11 +266,7 @@ def _callable(engine):
                 try:
                     ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda)
                     if ok:
-                        shape = tensor.shape
-                        if ranges:
-                            ok = len(shape) == len(sizes) and _in_ranges(shape, sizes, ranges)
-                        else:
-                            ok = shape == sizes
+                        ok = _in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes
                 except AttributeError:
                     ok = False
                 if not ok:
@@ -301,6 +295,9 @@ def _tensor_check(torch, leaf):
 
 
 def _in_ranges(shape, sizes, ranges):
+    """Rank, static sizes and dynamic ranges of a shape with dynamic dims."""
+    if len(shape) != len(sizes):
+        return False
     for axis, size in enumerate(sizes):
         if size is not None and shape[axis] != size:
             return False
