@@ -13,10 +13,11 @@ versions we use.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
@@ -50,7 +51,7 @@ def elf_needs(path: Path) -> ElfNeeds:
         if machine not in _MACHINES:
             raise TagError(f"{path.name}: unsupported ELF machine {machine}")
         needs = ElfNeeds(_MACHINES[machine])
-        for section in elf.iter_sections():
+        for section in _sections(elf, ("SHT_DYNAMIC", "SHT_GNU_verneed")):
             if isinstance(section, DynamicSection):
                 needs.needed.update(t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED")
             elif isinstance(section, GNUVerNeedSection):
@@ -68,7 +69,7 @@ def elf_provides(path: Path) -> tuple[str, set[str]]:
     soname, defined = path.name, set()
     with path.open("rb") as f:
         elf = ELFFile(f)
-        for section in elf.iter_sections():
+        for section in _sections(elf, ("SHT_DYNAMIC", "SHT_GNU_verdef")):
             if isinstance(section, DynamicSection):
                 for tag in section.iter_tags():
                     if tag.entry.d_tag == "DT_SONAME":
@@ -77,6 +78,18 @@ def elf_provides(path: Path) -> tuple[str, set[str]]:
                 for _verdef, auxiliaries in section.iter_versions():
                     defined.update(aux.name for aux in auxiliaries)
     return soname, defined
+
+
+def _sections(elf: Any, types: tuple[str, ...]) -> Iterator[Any]:
+    """Only the sections of these types: building every section of ``libtorch_cpu.so``
+    (its symbol hash tables above all) costs more than the rest of the tagging."""
+    from elftools.common.exceptions import ELFError
+
+    for index in range(elf.num_sections()):
+        try:
+            yield elf.get_section(index, type=types)  # checks the header's type first
+        except ELFError:
+            continue
 
 
 def torch_libraries(torch_lib_dir: Path, names: Iterable[str] | None = None) -> dict[str, set[str]]:
