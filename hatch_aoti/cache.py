@@ -7,11 +7,12 @@ build accepts; every file's sha256 is recorded and checked on each hit, so a cor
 entry is discarded and rebuilt instead of shipped.
 
 Layout: ``<root>/v1/<key[:2]>/<key>/{entry.json, artifact/...}``; ``<root>/v1/tmp/`` holds
-entries being written.
+entries being written; ``<root>/v1/recent/`` holds each project's keys at its last build.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -78,6 +79,36 @@ class CompileCache:
             shutil.rmtree(dest)
         shutil.copytree(artifact, dest)
         return record
+
+    def has(self, key: str) -> bool:
+        """Whether an entry exists (unchecked: :meth:`lookup` does the checking)."""
+        return (self._entry_dir(key) / "entry.json").is_file()
+
+    def recall(self, project: str) -> dict[str, str]:
+        """The cache keys of ``project``'s models at its last successful build, by model.
+
+        Only a guess at what the next build will hit, used to decide how many workers
+        to start; the keys computed from the exported programs decide everything else.
+        """
+        try:
+            data = json.loads(self._recent_file(project).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        models = data.get("models") if isinstance(data, dict) else None
+        return {k: v for k, v in models.items() if isinstance(v, str)} if isinstance(models, dict) else {}
+
+    def remember(self, project: str, keys: dict[str, str]) -> None:
+        path = self._recent_file(project)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps({"project": project, "models": keys}, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _recent_file(self, project: str) -> Path:
+        return self._base / "recent" / f"{hashlib.sha256(project.encode()).hexdigest()[:24]}.json"
 
     def store(self, key: str, artifact: Path, record: dict[str, Any]) -> None:
         """Add an entry atomically; a concurrent writer of the same key wins harmlessly."""

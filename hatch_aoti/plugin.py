@@ -141,6 +141,7 @@ class AotiBuildHook(BuildHookInterface):
             cwd=self.root,
             cache_root=store.root if store else None,
             report=self.app.display_success,
+            project=self.metadata.name,
         ).run()
 
     def _editable(self, build_data: dict[str, Any], package: str, loader: str, staged: Path) -> None:

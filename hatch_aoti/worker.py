@@ -284,8 +284,15 @@ def preload_torch() -> None:
         gc.enable()
 
 
-def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[], bool]) -> int:
-    """Check every model, wait for the hook's go-ahead, then build each (or take it from the cache)."""
+def run(job: dict[str, Any], emit: Callable[..., None], receive: Callable[[], dict[str, Any]]) -> int:
+    """Check every model, then take each from the cache or build the ones the hook assigns.
+
+    The hook answers twice: ``{"go": bool}`` once every worker has checked its models
+    (nobody compiles before all models checked out), and, if some models missed the
+    cache, ``{"build": [names]}``: the misses this worker compiles itself. The hook may
+    hand the others to helper workers, so a cached rebuild runs in one process (torch
+    is imported once) while compiles still spread over the machine's cores.
+    """
     from hatch_aoti import __version__
     from hatch_aoti.artifacts import ARTIFACT_DIR, write_loader
     from hatch_aoti.cache import CompileCache
@@ -300,8 +307,7 @@ def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[]
     problems: list[tuple[str, str]] = []
     check(jobs, problems)
     emit("checked", problems=problems)
-    # Other workers check other models: nobody compiles until every model checked out.
-    if problems or not wait_for_go():
+    if problems or not receive().get("go"):
         return EXIT_CONFIG if problems else 0
 
     cache = CompileCache(Path(job["cache"])) if job.get("cache") else None
@@ -311,32 +317,41 @@ def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[]
     pt2_dir = stage / "pt2"
     pt2_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, dict[str, Any]] = {}
+    keys: dict[str, str] = {}
     manifest = {"hatch_aoti": __version__, "torch": torch.__version__, "models": entries}
-    fresh: list[tuple[ModelJob, str]] = []
+    misses: list[tuple[ModelJob, Any]] = []
     try:
         for j in jobs:
             name = j.spec.name
             start = time.perf_counter()
-            emit("model_start", model=name)
             exported = export_one(j)
-            key = cache_key(exported, j.spec.to_json(), j.plan.description, j.spec.cpu_target, __version__)
+            keys[name] = cache_key(exported, j.spec.to_json(), j.plan.description, j.spec.cpu_target, __version__)
             record = None
             if cache is not None:
                 try:
-                    record = cache.lookup(key, artifact_root / name)
+                    record = cache.lookup(keys[name], artifact_root / name)
                 except OSError as exc:  # an unreadable cache is a miss, not a failed build
                     emit("warning", message=f"{name}: could not read the compile cache ({exc})")
-            if record is not None:
-                entries[name] = record["entry"]
-                emit("model_cached", model=name, seconds=time.perf_counter() - start,
-                     verification=record["entry"].get("verification"))
+            if record is None:
+                misses.append((j, exported))
                 continue
-            entries[name] = compile_one(j, exported, pt2_dir, artifact_root)
-            fresh.append((j, key))
-            emit("model_compiled", model=name, seconds=time.perf_counter() - start)
+            entries[name] = record["entry"]
+            emit("model_cached", model=name, seconds=time.perf_counter() - start,
+                 verification=record["entry"].get("verification"))  # fmt: skip
+        emit("planned", misses=[j.spec.name for j, _ in misses])
+        if misses:
+            assigned = set(receive().get("build", ()))
+            for j, _ in misses:
+                if j.spec.name not in assigned:
+                    del keys[j.spec.name]  # a helper builds it
+            misses = [(j, exported) for j, exported in misses if j.spec.name in assigned]
+        for j, exported in misses:
+            start = time.perf_counter()
+            entries[j.spec.name] = compile_one(j, exported, pt2_dir, artifact_root)
+            emit("model_compiled", model=j.spec.name, seconds=time.perf_counter() - start)
         write_loader(package_dir, job["loader"], manifest)
         loader = _import_file(f"_hatch_aoti_staged_{job['loader']}", package_dir / f"{job['loader']}.py")
-        for j, key in fresh:
+        for j, _ in misses:
             name = j.spec.name
             start = time.perf_counter()
             if j.spec.verify:
@@ -347,14 +362,14 @@ def run(job: dict[str, Any], emit: Callable[..., None], wait_for_go: Callable[[]
                 emit("model_verified", model=name, verification=entries[name]["verification"])
             if cache is not None:
                 try:
-                    cache.store(key, artifact_root / name, {"entry": entries[name]})
+                    cache.store(keys[name], artifact_root / name, {"entry": entries[name]})
                 except OSError as exc:  # a read-only or full cache must not fail the build
                     emit("warning", message=f"{name}: could not write the compile cache ({exc})")
     except ModelFailure as exc:
         emit("model_error", model=exc.model, stage=exc.stage, message=str(exc))
         return EXIT_MODEL
     write_loader(package_dir, job["loader"], manifest)
-    emit("done", torch=torch.__version__)
+    emit("done", torch=torch.__version__, keys=keys)
     return 0
 
 
@@ -363,9 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     fd = os.environ.get("HATCH_AOTI_EVENT_FD")
     events = _Events(int(fd) if fd else None)
-    code = run(job, events.emit, lambda: sys.stdin.readline().strip() == "go")
+    code = run(job, events.emit, _receive)
     events.close()
     return code
+
+
+def _receive() -> dict[str, Any]:
+    """The hook's next answer (a JSON line on stdin); ``{}`` if the hook went away."""
+    line = sys.stdin.readline()
+    return json.loads(line) if line.strip() else {}
 
 
 def exit_without_teardown(code: int) -> NoReturn:

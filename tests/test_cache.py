@@ -92,6 +92,63 @@ def test_clean_removes_leftover_staging_not_the_cache(tmp_path: Path) -> None:
     other.rmdir()
 
 
+def test_recent_keys_round_trip_and_tolerate_damage(tmp_path: Path) -> None:
+    store = CompileCache(tmp_path / "cache")
+    assert store.recall("demo") == {}
+    store.remember("demo", {"a": "11" * 32, "b": "22" * 32})
+    store.remember("other", {"a": "33" * 32})
+    assert store.recall("demo") == {"a": "11" * 32, "b": "22" * 32}
+    (recent,) = [p for p in (tmp_path / "cache" / "v1" / "recent").iterdir() if "33" not in p.read_text()]
+    recent.write_text("{half")
+    assert store.recall("demo") == {}, "a damaged record is no record"
+    assert [p.suffix for p in recent.parent.iterdir()] == [".json", ".json"], "no temp files left"
+
+
+def dispatch_for(tmp_path: Path, names: list[str], jobs: int, cache_root: Path | None):
+    from hatch_aoti.config import parse_settings
+    from hatch_aoti.dispatch import Dispatch
+
+    models = {n: {"factory": "pkg.models:build", "inputs": [{"shape": [2, 3]}]} for n in names}
+    settings = parse_settings({"models": models})
+    return Dispatch(models=list(settings.models), stage=tmp_path, loader="compiled", sys_path=[], cwd=str(tmp_path),
+                    cache_root=cache_root, report=print, project="demo", jobs=jobs)  # fmt: skip
+
+
+def test_one_worker_when_every_model_was_cached_at_the_last_build(tmp_path: Path) -> None:
+    cache_root = tmp_path / "cache"
+    store = CompileCache(cache_root)
+    names = ["a", "b", "c"]
+
+    def group_sizes() -> list[int]:
+        return [len(g) for g in dispatch_for(tmp_path, names, 2, cache_root)._initial_groups()]
+
+    assert group_sizes() == [2, 1], "no record: spread over the cores from the start"
+    store.remember("demo", {n: n * 64 for n in names})
+    assert group_sizes() == [2, 1], "recorded keys whose entries are gone: spread"
+    for n in names:
+        store.store(n * 64, make_artifact(tmp_path / f"art-{n}"), {"entry": {}})
+    assert group_sizes() == [3], "all entries there: one worker imports torch once"
+    store.remember("demo", {"a": "a" * 64, "b": "b" * 64})
+    assert group_sizes() == [2, 1], "a model with no record: spread"
+    assert [len(g) for g in dispatch_for(tmp_path, names, 2, None)._initial_groups()] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("misses", "idle", "shares"),
+    [
+        (["a"], 3, [["a"]]),
+        (["a", "b", "c"], 0, [["a", "b", "c"]]),
+        (["a", "b", "c"], 1, [["a", "c"], ["b"]]),
+        (["a", "b", "c"], 5, [["a"], ["b"], ["c"]]),
+        ([], 2, [[]]),
+    ],
+)
+def test_misses_are_shared_within_the_job_limit(misses: list[str], idle: int, shares: list[list[str]]) -> None:
+    from hatch_aoti.dispatch import share_out
+
+    assert share_out(misses, idle) == shares
+
+
 # -- real rebuilds -------------------------------------------------------------------
 
 MODELS = """
@@ -206,3 +263,70 @@ def test_truncated_entry_is_rebuilt(
     assert all(r["entry"]["verification"]["passed"] for r in records), "entries record their verification"
     (rebuilt,) = (cache_dir / "v1").rglob("*.so")
     assert os.path.getsize(rebuilt) > 100
+
+
+PAIR_MODELS = """
+    import torch
+    from torch import nn
+
+    SEED = {seed}
+
+    def _net(width):
+        torch.manual_seed(SEED + width)
+        return nn.Sequential(nn.Linear(width, 4), nn.ReLU())
+
+    def build_a():
+        return _net(5)
+
+    def build_b():
+        return _net(7)
+"""
+PAIR_HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.a]
+    factory = "pairpkg.models:build_a"
+    inputs = [{ shape = [2, 5] }]
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.b]
+    factory = "pairpkg.models:build_b"
+    inputs = [{ shape = [2, 7] }]
+"""
+
+
+@pytest.mark.integration
+def test_cached_rebuild_runs_one_worker_and_shares_out_misses(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both models cached last time: one worker starts; when both then miss, it hands one on."""
+    monkeypatch.setenv("HATCH_AOTI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HATCH_AOTI_JOBS", "2")
+
+    def build(seed: int, label: str) -> tuple[str, Path]:
+        root = write_project(tmp_path / label, "pairpkg", PAIR_HOOK, {"models.py": PAIR_MODELS.format(seed=seed)})
+        proc = build_no_isolation(root, root / "dist")
+        (wheel,) = (root / "dist").glob("*.whl")
+        return proc.stdout + proc.stderr, wheel
+
+    first, _ = build(0, "first")
+    assert first.count("compiled in") == 2 and "missed the cache" not in first, "no record: both start at once"
+    again, _ = build(0, "again")
+    assert again.count("from cache in") == 2 and "missed the cache" not in again
+    changed, wheel = build(1, "changed")
+    assert "2 models missed the cache: compiling them in 2 workers" in changed, changed
+    assert changed.count("compiled in") == 2
+    target = tmp_path / "unpacked"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)
+    errors = runtime.json(
+        f"""
+        import json, sys; sys.path.insert(0, {str(target)!r})
+        import torch
+        from pairpkg import compiled, models
+        errs = {{}}
+        for name, width, build in (("a", 5, models.build_a), ("b", 7, models.build_b)):
+            x = torch.randn(2, width)
+            with torch.inference_mode():
+                errs[name] = (compiled.load(name)(x) - build()(x)).abs().max().item()
+        print(json.dumps(errs))
+        """
+    )
+    assert errors["a"] < 1e-6 and errors["b"] < 1e-6, errors
