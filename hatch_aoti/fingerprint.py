@@ -5,7 +5,8 @@ signature, ranges, and the bytes of every weight and constant), not from source 
 a change to model code anywhere, in the project or in a dependency, that changes what
 torch.export sees changes the key; an unrelated edit does not. Added to that: the model
 spec (inputs, dynamic dims, inductor configs, tolerances), the torch build, the C++
-compiler's identity, the CPU target, and hatch-aoti's own version.
+compiler's identity, the CPU target, the effective inductor configs, and hatch-aoti's
+own version and code.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -86,16 +88,35 @@ def host_cpu() -> str:
     return f"{platform.machine()} {' '.join(sorted(host_flags()))}"
 
 
+@functools.lru_cache(maxsize=1)
+def own_identity() -> str:
+    """hatch-aoti's version and a digest of its own code and templates.
+
+    The version alone would let a development install (or a fix released under the
+    same number) reuse entries made by different code.
+    """
+    from hatch_aoti import __version__
+    from hatch_aoti.artifacts import template_path
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*package.glob("*.py"), *template_path().parent.glob("*.py")]):
+        digest.update(f"{path.name}\n".encode())
+        digest.update(path.read_bytes())
+    return f"{__version__} {digest.hexdigest()}"
+
+
 def cache_key(exported: Any, spec_json: dict[str, Any], plan_description: dict[str, Any],
-              cpu_target: str, hatch_aoti_version: str) -> str:  # fmt: skip
+              inductor_configs: dict[str, Any], cpu_target: str) -> str:  # fmt: skip
     parts = {
         "program": program_digest(exported),
         "spec": spec_json,
         "inputs": plan_description,
+        "inductor_configs": inductor_configs,
         "torch": [torch.__version__, torch.version.git_version, torch.version.cuda],
         "compiler": compiler_identity(),
         "cpu_target": cpu_target,
         "cpu": host_cpu() if cpu_target == "native" else platform.machine(),
-        "hatch_aoti": hatch_aoti_version,
+        "hatch_aoti": own_identity(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -12,6 +12,7 @@ versions we use.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -110,6 +111,24 @@ def torch_libraries(torch_lib_dir: Path, names: Iterable[str] | None = None) -> 
     return provided
 
 
+def prepare() -> None:
+    """Load what tagging needs (pyelftools, auditwheel's policy table) ahead of time.
+
+    The hook runs this on a thread while the workers export and compile, so a cached
+    rebuild does not wait for it at the end. Best effort: :func:`platform_tag` reports
+    any problem itself.
+    """
+    try:
+        import elftools.elf.dynamic
+        import elftools.elf.elffile
+        import elftools.elf.gnuversions  # noqa: F401
+
+        _policies()
+    except Exception:  # noqa: BLE001, S110
+        pass
+
+
+@functools.lru_cache(maxsize=1)
 def _policies() -> list[dict]:
     text = resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text(encoding="utf-8")
     policies = [p for p in json.loads(text) if p["name"].startswith("manylinux_")]

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,12 @@ class AotiBuildHook(BuildHookInterface):
                 'in pyproject.toml, e.g. requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]'
             )
         self._stage = Path(tempfile.mkdtemp(prefix=self._stage_prefix()))
+        from hatch_aoti import platform_tag as tagging
+
+        preparing = threading.Thread(target=tagging.prepare, name="hatch-aoti-tagging", daemon=True)
+        preparing.start()  # the backend waits on the workers meanwhile
         torch_version = self._run_workers(settings, source_root)
+        preparing.join()
 
         from hatch_aoti.artifacts import ARTIFACT_DIR
         from hatch_aoti.platform_tag import platform_tag, torch_requirement

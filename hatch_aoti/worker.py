@@ -144,6 +144,34 @@ def export_one(job: ModelJob) -> Any:
         raise ModelFailure(job.spec.name, "export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
 
 
+#: Where hatch-aoti departs from Inductor's defaults, for code that ships in wheels.
+#: Line tables (``-g1``) triple the size of a small model's library and carry build
+#: paths; release builds of torch itself ship without them. ``inductor-configs`` can
+#: turn them back on.
+WHEEL_DEFAULTS: dict[str, Any] = {"aot_inductor.enable_line_tables": False}
+
+
+def inductor_configs(spec: ModelSpec) -> dict[str, Any]:
+    """The configs a model compiles with: wheel defaults, then its CPU target, then the user's."""
+    import torch._inductor.config
+
+    from hatch_aoti.cpu_targets import resolve
+
+    known = {k: v for k, v in WHEEL_DEFAULTS.items() if _has_config(torch._inductor.config, k)}
+    # The target applies to CUDA models too: their wrapper is CPU code built with -march.
+    return {**known, **resolve(spec.cpu_target).inductor_configs, **spec.inductor_configs}
+
+
+def _has_config(module: Any, dotted: str) -> bool:
+    """Whether this torch's Inductor has the setting (older releases lack some)."""
+    obj = module
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
 def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path) -> dict[str, Any]:
     import torch._inductor
 
@@ -152,8 +180,7 @@ def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path
 
     spec, plan = job.spec, job.plan
     target = resolve(spec.cpu_target)
-    # The target applies to CUDA models too: their wrapper is CPU code built with -march.
-    configs = {**target.inductor_configs, **spec.inductor_configs}
+    configs = inductor_configs(spec)
     pt2 = pt2_dir / f"{spec.name}.pt2"
     try:
         torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
@@ -325,7 +352,8 @@ def run(job: dict[str, Any], emit: Callable[..., None], receive: Callable[[], di
             name = j.spec.name
             start = time.perf_counter()
             exported = export_one(j)
-            keys[name] = cache_key(exported, j.spec.to_json(), j.plan.description, j.spec.cpu_target, __version__)
+            keys[name] = cache_key(exported, j.spec.to_json(), j.plan.description, inductor_configs(j.spec),
+                                   j.spec.cpu_target)  # fmt: skip
             record = None
             if cache is not None:
                 try:

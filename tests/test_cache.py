@@ -233,7 +233,7 @@ def test_unchanged_rebuild_hits_and_changes_miss(cached_builds, runtime: Runtime
     for label, change in {
         "weights": {"seed": 1},
         "code": {"forward": "torch.relu(self.lin(x))"},
-        "inductor configs": {"configs": 'max_autotune = false'},
+        "inductor configs": {"configs": '"aot_inductor.enable_line_tables" = true'},
         "input spec": {"batch": 3},
     }.items():
         output, wheel = build(**change)
@@ -241,6 +241,18 @@ def test_unchanged_rebuild_hits_and_changes_miss(cached_builds, runtime: Runtime
         batch = change.get("batch", 2)
         err = wheel_matches_eager(runtime, wheel, tmp_path / label.replace(" ", "_"), batch)
         assert err < 1e-6, f"after a change of {label} the wheel must hold the new model"
+        if label == "inductor configs":  # the user's setting wins over hatch-aoti's default
+            assert debug_sections_in(wheel, tmp_path / "lines"), "line tables were asked for"
+
+
+def debug_sections_in(wheel: Path, dest: Path) -> list[str]:
+    from elftools.elf.elffile import ELFFile
+
+    with zipfile.ZipFile(wheel) as zf:
+        (library,) = [n for n in zf.namelist() if n.endswith(".so")]
+        zf.extract(library, dest)
+    with (dest / library).open("rb") as f:
+        return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]
 
 
 @pytest.mark.integration

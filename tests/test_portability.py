@@ -129,3 +129,37 @@ def test_loader_keyerror_lists_known_names(loader) -> None:
     with pytest.raises(KeyError, match="known models: none"):
         loader.load("missing")
     assert loader.names() == ()
+
+
+def test_wheel_defaults_then_target_then_user_configs() -> None:
+    from hatch_aoti.worker import inductor_configs
+
+    (plain, custom) = parse_settings(
+        {"models": {"a": {"factory": "a:b", "inputs": []},
+                    "b": {"factory": "a:b", "inputs": [], "cpu-target": "x86-64-v4",
+                          "inductor-configs": {"aot_inductor.enable_line_tables": True, "max_autotune": False}}}},
+        machine="x86_64",
+    ).models  # fmt: skip
+    assert inductor_configs(plain) == {
+        "aot_inductor.enable_line_tables": False, "cpp.march": "x86-64-v3", "cpp.simdlen": 256,
+    }  # fmt: skip
+    assert inductor_configs(custom) == {
+        "aot_inductor.enable_line_tables": True, "cpp.march": "x86-64-v4", "cpp.simdlen": 512, "max_autotune": False,
+    }  # fmt: skip
+
+
+def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_aoti import __version__, fingerprint
+
+    fingerprint.own_identity.cache_clear()
+    before = fingerprint.own_identity()
+    assert before.split()[0] == __version__ and len(before.split()[1]) == 64
+    templates = tmp_path / "templates"
+    shutil.copytree(REPO / "templates", templates)
+    monkeypatch.setattr("hatch_aoti.artifacts.template_path", lambda name="compiled.py": templates / name)
+    fingerprint.own_identity.cache_clear()
+    (templates / "compiled.py").write_text((templates / "compiled.py").read_text() + "\n# changed\n")
+    try:
+        assert fingerprint.own_identity() != before, "a changed loader template must change every key"
+    finally:
+        fingerprint.own_identity.cache_clear()

@@ -258,6 +258,25 @@ def test_default_target_has_no_avx512_instructions(sample_dists: tuple[Path, Pat
         assert "avx512f" not in entry["cpu"]["features"]
 
 
+def test_libraries_ship_without_debug_sections(sample_dists: tuple[Path, Path], tmp_path: Path) -> None:
+    with zipfile.ZipFile(sample_dists[1]) as zf:
+        libraries = [n for n in zf.namelist() if n.endswith(".so")]
+        zf.extractall(tmp_path, libraries)
+        manifest = json.loads(zf.read("sample_models/_aoti/manifest.json"))
+    assert len(libraries) == 2
+    for name in libraries:
+        assert debug_sections(tmp_path / name) == [], f"{name} carries debug sections"
+    for entry in manifest["models"].values():
+        assert entry["inductor_configs"]["aot_inductor.enable_line_tables"] is False
+
+
+def debug_sections(library: Path) -> list[str]:
+    from elftools.elf.elffile import ELFFile
+
+    with library.open("rb") as f:
+        return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]
+
+
 def test_auditwheel_agrees_with_the_tag(sample_dists: tuple[Path, Path]) -> None:
     wheel = sample_dists[1]
     report = json.loads(run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)]).stdout)
