@@ -16,8 +16,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 HOOK_PATH = "tool.hatch.build.targets.wheel.hooks.aoti"
 
 #: Keys hatchling itself reads from every hook table; they are not ours to validate.
@@ -393,6 +391,8 @@ def parse_settings(raw: dict[str, Any], machine: str | None = None) -> HookSetti
         problems.add(f"{HOOK_PATH}.loader", f"must be a Python module name, not {loader!r}")
     torch_req = table.get("torch-requirement")
     if torch_req is not None:
+        from packaging.requirements import InvalidRequirement, Requirement  # not needed in workers
+
         try:
             if not isinstance(torch_req, str):
                 raise InvalidRequirement(repr(torch_req))
