@@ -8,6 +8,7 @@ entry is discarded and rebuilt instead of shipped.
 
 Layout: ``<root>/v1/<key[:2]>/<key>/{entry.json, artifact/...}``; ``<root>/v1/tmp/`` holds
 entries being written; ``<root>/v1/recent/`` holds each project's keys at its last build.
+``<root>/bytecode/`` belongs to the worker's bytecode store (``bytecode.py``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from typing import Any, NoReturn
 from hatch_aoti.config import ModelSpec
 
 EXIT_CONFIG = 3
+#: Under the cache root: compiled code of the worker's imports (see ``bytecode.py``).
+BYTECODE_DIR = "bytecode"
 EXIT_MODEL = 4
 
 
@@ -327,6 +329,10 @@ def run(job: dict[str, Any], emit: Callable[..., None], receive: Callable[[], di
 
     for entry in reversed(job["sys_path"]):
         sys.path.insert(0, entry)
+    if job.get("cache"):
+        from hatch_aoti.bytecode import install
+
+        install(Path(job["cache"]) / BYTECODE_DIR)
     preload_torch()
     import torch
 
