@@ -132,3 +132,11 @@ def build_no_isolation(project: Path, out: Path, *, check: bool = True) -> subpr
 @pytest.fixture(scope="session")
 def tmp_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("projects")
+
+
+def debug_sections(library: Path) -> list[str]:
+    """Names of a shared library's ``.debug_*`` sections."""
+    from elftools.elf.elffile import ELFFile
+
+    with library.open("rb") as f:
+        return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Runtime, build_no_isolation, write_project
+from conftest import Runtime, build_no_isolation, debug_sections, write_project
 
 from hatch_aoti import cache as cache_mod
 from hatch_aoti.cache import CompileCache
@@ -246,13 +246,10 @@ def test_unchanged_rebuild_hits_and_changes_miss(cached_builds, runtime: Runtime
 
 
 def debug_sections_in(wheel: Path, dest: Path) -> list[str]:
-    from elftools.elf.elffile import ELFFile
-
     with zipfile.ZipFile(wheel) as zf:
         (library,) = [n for n in zf.namelist() if n.endswith(".so")]
         zf.extract(library, dest)
-    with (dest / library).open("rb") as f:
-        return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]
+    return debug_sections(dest / library)
 
 
 @pytest.mark.integration

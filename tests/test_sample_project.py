@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Runtime, copy_project, run
+from conftest import REPO, Runtime, copy_project, debug_sections, run
 from packaging.tags import parse_tag
 
 pytestmark = pytest.mark.integration
@@ -244,11 +244,7 @@ def test_default_target_has_no_avx512_instructions(sample_dists: tuple[Path, Pat
 
     objdump = shutil.which("objdump")
     assert objdump, "objdump (binutils) is needed for this check"
-    with zipfile.ZipFile(sample_dists[1]) as zf:
-        libraries = [n for n in zf.namelist() if n.endswith(".so")]
-        zf.extractall(tmp_path, libraries)
-        manifest = json.loads(zf.read("sample_models/_aoti/manifest.json"))
-    assert len(libraries) == 2
+    libraries, manifest = extract_libraries(sample_dists[1], tmp_path)
     for name in libraries:
         listing = run([objdump, "-d", "--no-show-raw-insn", str(tmp_path / name)]).stdout
         assert "ymm" in listing, "expected AVX2 code: the check would be vacuous otherwise"
@@ -259,22 +255,21 @@ def test_default_target_has_no_avx512_instructions(sample_dists: tuple[Path, Pat
 
 
 def test_libraries_ship_without_debug_sections(sample_dists: tuple[Path, Path], tmp_path: Path) -> None:
-    with zipfile.ZipFile(sample_dists[1]) as zf:
-        libraries = [n for n in zf.namelist() if n.endswith(".so")]
-        zf.extractall(tmp_path, libraries)
-        manifest = json.loads(zf.read("sample_models/_aoti/manifest.json"))
-    assert len(libraries) == 2
+    libraries, manifest = extract_libraries(sample_dists[1], tmp_path)
     for name in libraries:
         assert debug_sections(tmp_path / name) == [], f"{name} carries debug sections"
     for entry in manifest["models"].values():
         assert entry["inductor_configs"]["aot_inductor.enable_line_tables"] is False
 
 
-def debug_sections(library: Path) -> list[str]:
-    from elftools.elf.elffile import ELFFile
-
-    with library.open("rb") as f:
-        return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]
+def extract_libraries(wheel: Path, dest: Path) -> tuple[list[str], dict]:
+    """The wheel's two compiled libraries, extracted under ``dest``, and its manifest."""
+    with zipfile.ZipFile(wheel) as zf:
+        libraries = [n for n in zf.namelist() if n.endswith(".so")]
+        zf.extractall(dest, libraries)
+        manifest = json.loads(zf.read("sample_models/_aoti/manifest.json"))
+    assert len(libraries) == 2
+    return libraries, manifest
 
 
 def test_auditwheel_agrees_with_the_tag(sample_dists: tuple[Path, Path]) -> None:
