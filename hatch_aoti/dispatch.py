@@ -72,14 +72,13 @@ class Dispatch:
     loader: str
     sys_path: list[str]
     cwd: str
-    cache_root: Path | None
+    cache: CompileCache | None
     report: Callable[[str], None]
     project: str = ""
     """Names this project's record of its last build's cache keys (the start-up guess)."""
     jobs: int = field(default_factory=lambda: _default_jobs())
     _workers: list[_Worker] = field(default_factory=list, init=False)
     _selector: selectors.BaseSelector | None = field(default=None, init=False)
-    _released: bool = field(default=False, init=False)
     _compile_seconds: dict[str, float] = field(default_factory=dict, init=False)
 
     def run(self) -> str:
@@ -114,18 +113,17 @@ class Dispatch:
         return [self.models[i::count] for i in range(count)]
 
     def _all_cached_last_time(self) -> bool:
-        if self.cache_root is None or not self.project:
+        if self.cache is None or not self.project:
             return False
-        cache = CompileCache(self.cache_root)
-        last = cache.recall(self.project)
-        return all(m.name in last and cache.has(last[m.name]) for m in self.models)
+        last = self.cache.recall(self.project)
+        return all(m.name in last and self.cache.has(last[m.name]) for m in self.models)
 
     def _remember_keys(self) -> None:
-        if self.cache_root is None or not self.project:
+        if self.cache is None or not self.project:
             return
         keys = {name: key for w in self._workers for name, key in (w.done or {}).get("keys", {}).items()}
         with contextlib.suppress(OSError):  # only a start-up guess: never worth failing a build
-            CompileCache(self.cache_root).remember(self.project, keys)
+            self.cache.remember(self.project, keys)
 
     def _spawn(self, group: list[ModelSpec], helper: bool = False) -> _Worker:
         assert self._selector is not None
@@ -137,7 +135,7 @@ class Dispatch:
             "stage": str(stage),
             "loader": self.loader,
             "sys_path": self.sys_path,
-            "cache": str(self.cache_root) if self.cache_root else None,
+            "cache": str(self.cache.root) if self.cache else None,
         }
         (stage / "job.json").write_text(json.dumps(job), encoding="utf-8")
         read_fd, write_fd = os.pipe()
@@ -162,6 +160,7 @@ class Dispatch:
     def _pump(self) -> None:
         assert self._selector is not None
         initial = list(self._workers)
+        released = False
         while self._selector.get_map():
             for key, _ in self._selector.select():
                 w: _Worker = key.data
@@ -175,8 +174,8 @@ class Dispatch:
                     self._on_event(w, json.loads(line))
                 if w.error is not None or (w.helper and w.checked):
                     return  # a model failed: stop the others (killed by run())
-            if not self._released and all(x.checked is not None or x.closed for x in initial):
-                self._released = True
+            if not released and all(x.checked is not None or x.closed for x in initial):
+                released = True
                 go = all(x.checked == [] for x in initial)
                 for x in initial:
                     self._send(x, {"go": go})

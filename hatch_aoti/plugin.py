@@ -83,17 +83,16 @@ class AotiBuildHook(BuildHookInterface):
         preparing.join()
 
         from hatch_aoti.artifacts import ARTIFACT_DIR
-        from hatch_aoti.platform_tag import platform_tag, torch_requirement
 
         staged = self._stage / "package"
         libraries = sorted((staged / ARTIFACT_DIR).rglob("*.so"))
         dist_dir = package.replace(".", "/")
         loader_file = f"{settings.loader}.py"
-        build_data["dependencies"].append(settings.torch_requirement or torch_requirement(torch_version))
+        build_data["dependencies"].append(settings.torch_requirement or tagging.torch_requirement(torch_version))
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged)
         else:
-            tag, why = platform_tag(libraries, _torch_lib_dir())
+            tag, why = tagging.platform_tag(libraries, _torch_lib_dir())
             if why:
                 self.app.display_warning(f"aoti: tagging the wheel {tag}: {why}")
             build_data["pure_python"] = False
@@ -145,7 +144,7 @@ class AotiBuildHook(BuildHookInterface):
             loader=settings.loader,
             sys_path=list(dict.fromkeys([str(source_root), self.root])),
             cwd=self.root,
-            cache_root=store.root if store else None,
+            cache=store,
             report=self.app.display_success,
             project=self.metadata.name,
         ).run()

@@ -61,12 +61,15 @@ def _short_exception(exc: BaseException) -> str:
 
 
 class ModelJob:
-    """One model on its way through the worker: its spec, then its module and input plan."""
+    """One model on its way through the worker: its spec, then its module and input plan,
+    then the CPU target and inductor configs it is keyed and compiled with."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.module: Any = None
         self.plan: Any = None
+        self.target: Any = None
+        self.configs: dict[str, Any] = {}
 
 
 def check(jobs: list[ModelJob], problems: list[tuple[str, str]]) -> None:
@@ -153,15 +156,13 @@ def export_one(job: ModelJob) -> Any:
 WHEEL_DEFAULTS: dict[str, Any] = {"aot_inductor.enable_line_tables": False}
 
 
-def inductor_configs(spec: ModelSpec) -> dict[str, Any]:
+def inductor_configs(spec: ModelSpec, target: Any) -> dict[str, Any]:
     """The configs a model compiles with: wheel defaults, then its CPU target, then the user's."""
     import torch._inductor.config
 
-    from hatch_aoti.cpu_targets import resolve
-
     known = {k: v for k, v in WHEEL_DEFAULTS.items() if _has_config(torch._inductor.config, k)}
     # The target applies to CUDA models too: their wrapper is CPU code built with -march.
-    return {**known, **resolve(spec.cpu_target).inductor_configs, **spec.inductor_configs}
+    return {**known, **target.inductor_configs, **spec.inductor_configs}
 
 
 def _has_config(module: Any, dotted: str) -> bool:
@@ -178,11 +179,8 @@ def compile_one(job: ModelJob, exported: Any, pt2_dir: Path, artifact_root: Path
     import torch._inductor
 
     from hatch_aoti.artifacts import unpack_pt2
-    from hatch_aoti.cpu_targets import resolve
 
-    spec, plan = job.spec, job.plan
-    target = resolve(spec.cpu_target)
-    configs = inductor_configs(spec)
+    spec, plan, target, configs = job.spec, job.plan, job.target, job.configs
     pt2 = pt2_dir / f"{spec.name}.pt2"
     try:
         torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
@@ -325,6 +323,7 @@ def run(job: dict[str, Any], emit: Callable[..., None], receive: Callable[[], di
     from hatch_aoti import __version__
     from hatch_aoti.artifacts import ARTIFACT_DIR, write_loader
     from hatch_aoti.cache import CompileCache
+    from hatch_aoti.cpu_targets import resolve as resolve_target
     from hatch_aoti.fingerprint import cache_key
 
     for entry in reversed(job["sys_path"]):
@@ -358,7 +357,9 @@ def run(job: dict[str, Any], emit: Callable[..., None], receive: Callable[[], di
             name = j.spec.name
             start = time.perf_counter()
             exported = export_one(j)
-            keys[name] = cache_key(exported, j.spec.to_json(), j.plan.description, inductor_configs(j.spec),
+            j.target = resolve_target(j.spec.cpu_target)
+            j.configs = inductor_configs(j.spec, j.target)
+            keys[name] = cache_key(exported, j.spec.to_json(), j.plan.description, j.configs,
                                    j.spec.cpu_target)  # fmt: skip
             record = None
             if cache is not None:

@@ -104,23 +104,22 @@ def test_recent_keys_round_trip_and_tolerate_damage(tmp_path: Path) -> None:
     assert [p.suffix for p in recent.parent.iterdir()] == [".json", ".json"], "no temp files left"
 
 
-def dispatch_for(tmp_path: Path, names: list[str], jobs: int, cache_root: Path | None):
+def dispatch_for(tmp_path: Path, names: list[str], jobs: int, cache: CompileCache | None):
     from hatch_aoti.config import parse_settings
     from hatch_aoti.dispatch import Dispatch
 
     models = {n: {"factory": "pkg.models:build", "inputs": [{"shape": [2, 3]}]} for n in names}
     settings = parse_settings({"models": models})
     return Dispatch(models=list(settings.models), stage=tmp_path, loader="compiled", sys_path=[], cwd=str(tmp_path),
-                    cache_root=cache_root, report=print, project="demo", jobs=jobs)  # fmt: skip
+                    cache=cache, report=print, project="demo", jobs=jobs)  # fmt: skip
 
 
 def test_one_worker_when_every_model_was_cached_at_the_last_build(tmp_path: Path) -> None:
-    cache_root = tmp_path / "cache"
-    store = CompileCache(cache_root)
+    store = CompileCache(tmp_path / "cache")
     names = ["a", "b", "c"]
 
     def group_sizes() -> list[int]:
-        return [len(g) for g in dispatch_for(tmp_path, names, 2, cache_root)._initial_groups()]
+        return [len(g) for g in dispatch_for(tmp_path, names, 2, store)._initial_groups()]
 
     assert group_sizes() == [2, 1], "no record: spread over the cores from the start"
     store.remember("demo", {n: n * 64 for n in names})

@@ -140,10 +140,10 @@ def test_wheel_defaults_then_target_then_user_configs() -> None:
                           "inductor-configs": {"aot_inductor.enable_line_tables": True, "max_autotune": False}}}},
         machine="x86_64",
     ).models  # fmt: skip
-    assert inductor_configs(plain) == {
+    assert inductor_configs(plain, resolve(plain.cpu_target)) == {
         "aot_inductor.enable_line_tables": False, "cpp.march": "x86-64-v3", "cpp.simdlen": 256,
     }  # fmt: skip
-    assert inductor_configs(custom) == {
+    assert inductor_configs(custom, resolve(custom.cpu_target)) == {
         "aot_inductor.enable_line_tables": True, "cpp.march": "x86-64-v4", "cpp.simdlen": 512, "max_autotune": False,
     }  # fmt: skip
 
