@@ -5,13 +5,15 @@ Run with an interpreter that has hatch-aoti, torch and `build` installed (the te
 TORCHINDUCTOR_CACHE_DIR, so torch's own caches never help; the cold build also gets an
 empty hatch-aoti cache. Builds are `python -m build --wheel --no-isolation` (with
 `--isolated`, also the isolated builds that install build requirements every time).
-Rounds are interleaved and medians printed.
+Rounds are interleaved and medians printed, with the cores each build kept busy (CPU
+time of the build and its processes over wall time).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -23,13 +25,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def timed_build(project: Path, out: Path, env: dict[str, str], isolated: bool) -> float:
+def timed_build(project: Path, out: Path, env: dict[str, str], isolated: bool) -> tuple[float, float]:
+    """(wall seconds, cores used) of one build."""
     cmd = [sys.executable, "-m", "build", "--wheel", "-o", str(out), str(project)]
     if not isolated:
         cmd.insert(4, "--no-isolation")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu / wall
 
 
 def main() -> None:
@@ -62,15 +69,19 @@ def main() -> None:
                         "HATCH_AOTI_CACHE_DIR": str(aoti_cache),
                         **extra,
                     }
-                    seconds = timed_build(project, out, env, isolated)
+                    seconds, cores = timed_build(project, out, env, isolated)
                     results.setdefault(f"{tag} {label}", []).append(seconds)
-                    print(f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s", flush=True)
+                    results.setdefault(f"{tag} {label} cores", []).append(cores)
+                    print(f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s  {cores:.2f} cores",
+                          flush=True)  # fmt: skip
         print()
         for tag in ("isolated" if m else "no-isolation" for m in modes):
             cold = statistics.median(results[f"{tag} cold"])
             warm = statistics.median(results[f"{tag} warm"])
             bare = statistics.median(results[f"{tag} hook-less"])
+            cores = statistics.median(results[f"{tag} cold cores"])
             print(f"{tag}: cold {cold:.2f}s, warm {warm:.2f}s, hook-less {bare:.2f}s (medians of {args.rounds})")
+            print(f"  cold build kept {cores:.2f} cores busy")
             print(f"  warm / cold      = {warm / cold:.3f}  (goal <= 0.15)")
             print(f"  warm / hook-less = {warm / bare:.2f}")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 ARTIFACT_DIR = "_aoti"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 #: Archive members the runtime never reads: generated C++ sources (they hold build paths)
 #: and a random per-archive id. Leaving them out keeps wheels smaller and reproducible.
 SKIPPED_SUFFIXES = (".cpp", "/.data/serialization_id")
@@ -43,6 +43,17 @@ def editable_finder(module: str, file: str) -> str:
     return text.replace("{{module}}", module).replace("{{file}}", file)
 
 
+def editable_files(package: str, loader: str, staged: Path, stage: Path) -> dict[Path, str]:
+    """What an editable install adds to site-packages, by source: the staged package as
+    ``_hatch_aoti_<package>/``, and a ``.pth``-imported finder mapping ``<package>.<loader>`` there."""
+    home = f"_hatch_aoti_{package.replace('.', '_')}"
+    finder = stage / f"{home}_finder.py"
+    finder.write_text(editable_finder(f"{package}.{loader}", f"{home}/{loader}.py"), encoding="utf-8")
+    pth = stage / f"{home}.pth"
+    pth.write_text(f"import {home}_finder\n", encoding="utf-8")
+    return {staged: home, finder: finder.name, pth: pth.name}
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -51,9 +62,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
-    """Unpack one model's ``.pt2`` under ``artifact_root/name``; describe what the loader needs."""
-    target = artifact_root / name
+def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
+    """Unpack one model's ``.pt2`` into ``target``; describe what the loader needs (paths relative to it).
+
+    Files get fixed modes, so that the wheel's bytes do not depend on the builder's umask.
+    """
     if target.exists():
         shutil.rmtree(target)
     members: list[str] = []
@@ -78,17 +91,11 @@ def unpack_pt2(pt2: Path, artifact_root: Path, name: str) -> dict[str, Any]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(info) as src, dest.open("wb") as out:
                 shutil.copyfileobj(src, out)
+            dest.chmod(0o755 if rest.endswith(".so") else 0o644)
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
-    library = target / libraries[0]
-    return {
-        "package_dir": name,
-        "file": f"{name}/{libraries[0]}",
-        "sha256": sha256(library),
-        "members": members,
-        "inline": inline,
-    }
+    return {"file": libraries[0], "sha256": sha256(target / libraries[0]), "members": members, "inline": inline}
 
 
 def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:
@@ -97,3 +104,5 @@ def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> No
     text = json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=2, sort_keys=False) + "\n"
     (package_dir / ARTIFACT_DIR / MANIFEST).write_text(text, encoding="utf-8")
     shutil.copyfile(template_path(), package_dir / f"{loader}.py")
+    for written in (package_dir / ARTIFACT_DIR / MANIFEST, package_dir / f"{loader}.py"):
+        written.chmod(0o644)

@@ -1,34 +1,35 @@
 """A content-addressed store of compiled, verified artifacts.
 
 Entries are keyed by a digest of everything that changes the compiled output (see
-``fingerprint.py``), never by timestamps. An entry is written under a temporary name
+``fingerprint.py``), never by timestamps. An entry is written in a directory of its own
 and renamed into place in one step, so a build killed mid-write leaves nothing a later
-build accepts; every file's sha256 is recorded and checked on each hit, so a corrupted
-entry is discarded and rebuilt instead of shipped.
+build accepts (and its leftovers are swept by the next build, see ``owned.py``); every
+file's sha256 is recorded and checked on each hit, so a damaged entry is discarded and
+rebuilt instead of shipped. Entries never change once in place: concurrent builds that
+make the same entry keep whichever lands first.
 
-Layout: ``<root>/v1/<key[:2]>/<key>/{entry.json, artifact/...}``; ``<root>/v1/tmp/`` holds
-entries being written; ``<root>/v1/recent/`` holds each project's keys at its last build.
-``<root>/bytecode/`` belongs to the worker's bytecode store (``bytecode.py``).
+Layout: ``<root>/v2/entries/<key[:2]>/<key>/{entry.json, artifact/...}``, entries being
+written in ``<root>/v2/tmp/``. ``<root>/bytecode/`` belongs to the bytecode store.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import time
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hatch_aoti.artifacts import sha256
+from hatch_aoti.owned import OwnedDir, sweep
 
-FORMAT = "v1"
+FORMAT = "v2"
 ENV_DIR = "HATCH_AOTI_CACHE_DIR"
 ENV_DISABLE = "HATCH_AOTI_NO_CACHE"
-STALE_TMP_SECONDS = 24 * 3600
+_WRITING = "entry-"
 
 
 def default_root() -> Path:
@@ -38,13 +39,44 @@ def default_root() -> Path:
     return Path(user_cache_dir("hatch-aoti", appauthor=False))
 
 
+def disabled(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ENV_DISABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def from_env(environ: dict[str, str] | None = None) -> CompileCache | None:
     """The cache the environment asks for; ``None`` when ``HATCH_AOTI_NO_CACHE`` is set."""
     env = os.environ if environ is None else environ
-    if env.get(ENV_DISABLE, "").strip().lower() not in ("", "0", "false", "no"):
+    if disabled(env):
         return None
     root = env.get(ENV_DIR)
-    return CompileCache(Path(root).expanduser() if root else default_root())
+    return CompileCache(Path(root).expanduser().absolute() if root else default_root())
+
+
+def untrusted(root: Path, uid: int | None = None) -> str | None:
+    """Why the cache at ``root`` must not be used, or ``None``.
+
+    A hit is shipped in wheels as found, so whoever can write the cache can put code into
+    every wheel built from it. As ssh treats key files: the directory must belong to this
+    user and be writable by nobody else, and no directory above it may let others
+    replace it (writable by others without the sticky bit, or owned by another user).
+    """
+    uid = os.getuid() if uid is None else uid
+    if root.exists():
+        info = root.stat()
+        if info.st_uid != uid:
+            return f"it belongs to another user (uid {info.st_uid})"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"other users can write to it (mode {stat.S_IMODE(info.st_mode):o}); run `chmod go-w {root}`"
+    for parent in root.absolute().parents:
+        if not parent.exists():
+            continue
+        info = parent.stat()
+        if info.st_uid not in (uid, 0):
+            return f"{parent} above it belongs to another user (uid {info.st_uid})"
+        if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+            return f"anyone can replace it: {parent} above it is world-writable without the sticky bit"
+    return None
 
 
 @dataclass
@@ -56,7 +88,7 @@ class CompileCache:
         return self.root / FORMAT
 
     def _entry_dir(self, key: str) -> Path:
-        return self._base / key[:2] / key
+        return self._base / "entries" / key[:2] / key
 
     def lookup(self, key: str, dest: Path) -> dict[str, Any] | None:
         """Copy a valid entry's artifact to ``dest`` and return its record; ``None`` on a miss.
@@ -72,7 +104,7 @@ class CompileCache:
             self._discard(entry_dir)
             return None
         artifact = entry_dir / "artifact"
-        files = record.get("files")
+        files = record.get("files") if isinstance(record, dict) else None
         if record.get("key") != key or not isinstance(files, dict) or not self._intact(artifact, files):
             self._discard(entry_dir)
             return None
@@ -81,60 +113,36 @@ class CompileCache:
         shutil.copytree(artifact, dest)
         return record
 
-    def has(self, key: str) -> bool:
-        """Whether an entry exists (unchecked: :meth:`lookup` does the checking)."""
-        return (self._entry_dir(key) / "entry.json").is_file()
-
-    def recall(self, project: str) -> dict[str, str]:
-        """The cache keys of ``project``'s models at its last successful build, by model.
-
-        Only a guess at what the next build will hit, used to decide how many workers
-        to start; the keys computed from the exported programs decide everything else.
-        """
-        try:
-            data = json.loads(self._recent_file(project).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        models = data.get("models") if isinstance(data, dict) else None
-        return {k: v for k, v in models.items() if isinstance(v, str)} if isinstance(models, dict) else {}
-
-    def remember(self, project: str, keys: dict[str, str]) -> None:
-        path = self._recent_file(project)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            tmp.write_text(json.dumps({"project": project, "models": keys}, indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _recent_file(self, project: str) -> Path:
-        return self._base / "recent" / f"{hashlib.sha256(project.encode()).hexdigest()[:24]}.json"
-
-    def store(self, key: str, artifact: Path, record: dict[str, Any]) -> None:
-        """Add an entry atomically; a concurrent writer of the same key wins harmlessly."""
+    def store(self, key: str, artifact: Path, record: dict[str, Any]) -> bool:
+        """Add an entry atomically; ``False`` if another build stored the same key first."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp_root = self._base / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
-        self._sweep(tmp_root)
-        tmp = tmp_root / uuid.uuid4().hex
+        sweep(tmp_root, _WRITING)
+        writing = OwnedDir.create(tmp_root, _WRITING)
         try:
-            shutil.copytree(artifact, tmp / "artifact")
-            files = {
-                p.relative_to(tmp / "artifact").as_posix(): sha256(p)
-                for p in sorted((tmp / "artifact").rglob("*"))
-                if p.is_file()
-            }
+            entry = writing.path / "entry"
+            shutil.copytree(artifact, entry / "artifact")
+            files = {p.relative_to(entry / "artifact").as_posix(): sha256(p)
+                     for p in sorted((entry / "artifact").rglob("*")) if p.is_file()}  # fmt: skip
             full = {**record, "key": key, "files": files}
-            (tmp / "entry.json").write_text(json.dumps(full, indent=1), encoding="utf-8")
+            (entry / "entry.json").write_text(json.dumps(full, indent=1, sort_keys=True), encoding="utf-8")
             final = self._entry_dir(key)
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.rename(tmp, final)
+                os.rename(entry, final)
             except OSError:
                 if not final.exists():
                     raise
+                return False
+            return True
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            writing.release()
+
+    def entries(self) -> list[Path]:
+        """Directories of the entries in place (complete or damaged)."""
+        root = self._base / "entries"
+        return sorted(p for p in root.glob("*/*") if p.is_dir())
 
     @staticmethod
     def _intact(artifact: Path, files: dict[str, str]) -> bool:
@@ -143,23 +151,16 @@ class CompileCache:
             return False
         return all(sha256(artifact / rel) == digest for rel, digest in files.items())
 
-    @staticmethod
-    def _discard(entry_dir: Path) -> None:
-        # Rename first so no reader sees a half-deleted entry, then delete.
-        doomed = entry_dir.with_name(f"{entry_dir.name}.discard-{uuid.uuid4().hex}")
+    def _discard(self, entry_dir: Path) -> None:
+        """Move a damaged entry out of the way in one step, then delete it.
+
+        It goes to the unlocked part of ``tmp/``, so if the deletion is cut short the next
+        build's sweep finishes it.
+        """
+        doomed = self._base / "tmp" / f"{_WRITING}discarded-{uuid.uuid4().hex}"
         try:
+            doomed.parent.mkdir(parents=True, exist_ok=True)
             os.rename(entry_dir, doomed)
         except OSError:
             return
         shutil.rmtree(doomed, ignore_errors=True)
-
-    @staticmethod
-    def _sweep(tmp_root: Path) -> None:
-        """Remove what builds killed mid-write left behind (older than a day)."""
-        cutoff = time.time() - STALE_TMP_SECONDS
-        for leftover in tmp_root.iterdir():
-            try:
-                if leftover.stat().st_mtime < cutoff:
-                    shutil.rmtree(leftover, ignore_errors=True)
-            except OSError:
-                pass

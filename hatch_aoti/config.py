@@ -1,27 +1,29 @@
-"""Parse the ``aoti`` hook table into typed settings.
+"""Read the hatch-aoti table of ``pyproject.toml`` into typed settings, then into model specs.
 
-Everything here is pure Python (no torch), so a bad ``pyproject.toml`` is reported in
-milliseconds, before any worker starts. Every problem is collected with its full TOML
-path and reported together: fixing one typo per build would be a miserable loop when
-each build costs a compile.
+Pure Python (no torch): a bad table is reported in milliseconds, every problem at once
+with its full TOML path. The tables are dataclasses whose fields carry their own
+documentation; one generic reader checks keys, types and values for all of them, and
+the README's reference tables are generated from the same fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import keyword
 import math
 import os
 import re
+import types
+import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-HOOK_PATH = "tool.hatch.build.targets.wheel.hooks.aoti"
-
-#: Keys hatchling itself reads from every hook table; they are not ours to validate.
-RESERVED_KEYS = frozenset(
-    {"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default"}
-)
+#: Where each front end's users write the table.
+HATCH_TABLE = "tool.hatch.build.targets.wheel.hooks.aoti"
+SETUPTOOLS_TABLE = "tool.hatch-aoti"
+HOOK_PATH = HATCH_TABLE  # the hatch front end's table, for messages and tests
 
 #: torch dtypes by the names users write, mapped to the ``torch`` attribute.
 DTYPES: dict[str, str] = {
@@ -40,7 +42,7 @@ DTYPES: dict[str, str] = {
     "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
 }  # fmt: skip
 
-_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -69,66 +71,414 @@ class Problems:
             raise ConfigError(self.items)
 
 
+# -- the generic reader ------------------------------------------------------------------
+
+_INVALID = object()
+Check = Callable[[Any, str, Problems], Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    """What the reader and the generated docs know about one TOML key."""
+
+    doc: str
+    shown: str | None = None
+    """The default as the docs show it, where the Python default says too little."""
+    required: str | None = None
+    """Why the key is needed, for the message when it is missing."""
+    check: Check | None = None
+    """Further checks of a well-typed value: returns the value to keep, or ``_INVALID``."""
+    expected: str | None = None
+    """What a value of the wrong type is told to be instead of the type's plain name."""
+
+
+def key(doc: str, *, default: Any = None, factory: Callable[[], Any] | None = None, shown: str | None = None,
+        required: str | None = None, check: Check | None = None, expected: str | None = None) -> Any:  # fmt: skip
+    meta = {"key": Key(doc, shown, required, check, expected)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def toml_keys(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    """The TOML spelling of each documented field of a table class."""
+    return {f.name.replace("_", "-"): f for f in dataclasses.fields(cls) if "key" in f.metadata}
+
+
+def read(cls: type, raw: Any, path: str, problems: Problems) -> Any:
+    """An instance of the table class ``cls`` from ``raw``, or ``None`` with its problems added.
+
+    The class's ``rules`` (checks across keys) run even when some keys have problems, on
+    the keys that read well (``ok(*fields)`` says which), so that one build lists them all.
+    """
+    if not isinstance(raw, dict):
+        problems.add(path, f"must be a table like {cls.EXAMPLE}" if hasattr(cls, "EXAMPLE") else "must be a table")
+        return None
+    start = len(problems.items)
+    keys = toml_keys(cls)
+    unknown_keys(raw, tuple(keys), path, problems)
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    flawed: set[str] = set()
+    for name, f in keys.items():
+        meta: Key = f.metadata["key"]
+        where = f"{path}.{name}"
+        if name not in raw:
+            if meta.required:
+                problems.add(where, f"is required: {meta.required}")
+                flawed.add(f.name)
+            continue
+        before = len(problems.items)
+        value = conform(hints[f.name], raw[name], where, problems, meta.expected)
+        if value is not _INVALID and meta.check is not None and len(problems.items) == before:
+            value = meta.check(value, where, problems)
+        if len(problems.items) > before:
+            flawed.add(f.name)
+        if value is not _INVALID:
+            values[f.name] = value  # a table of tables keeps the entries that read well
+    obj = cls(**{k: v for k, v in values.items() if k not in flawed or isinstance(v, dict)})
+    rules = getattr(obj, "rules", None)
+    if rules is not None:
+        rules(path, problems, lambda *fields: not flawed.intersection(fields))
+    return obj if len(problems.items) == start else None
+
+
+def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | None = None) -> Any:
+    """``value`` checked against the type ``tp`` (arrays become tuples), or ``_INVALID``.
+
+    Tables of tables (``models``, ``kwargs``, ``dynamic``) are keyed by Python identifiers.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return conform(options[0], value, path, problems, expected)
+        if any(_matches(a, value) for a in options):
+            return value
+        problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
+        return _INVALID
+    if dataclasses.is_dataclass(tp):
+        result = read(tp, value, path, problems)
+        return _INVALID if result is None else result
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            problems.add(path, f"must be {describe(tp)}, not {value!r}")
+            return _INVALID
+        items = [conform(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return _INVALID if any(i is _INVALID for i in items) else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            problems.add(path, f"must be {describe(tp)}, not {value!r}")
+            return _INVALID
+        for name in value:
+            if dataclasses.is_dataclass(args[1]) and not is_identifier(name):
+                problems.add(f"{path}.{name}", "names here must be Python identifiers (letters, digits, `_`)")
+        items = {k: conform(args[1], v, f"{path}.{k}", problems) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _INVALID}
+    if _matches(tp, value):
+        return value
+    problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
+    return _INVALID
+
+
+def is_identifier(name: Any) -> bool:
+    return isinstance(name, str) and bool(_NAME.match(name)) and not keyword.iskeyword(name)
+
+
+def _matches(tp: Any, value: Any) -> bool:
+    if tp is Any:
+        return True
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, tp)
+
+
+def describe(tp: Any) -> str:
+    """How the docs and the messages name a type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(a) for a in args if a is not type(None))
+    if origin in (tuple, list):
+        return "an array"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a table"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a value")
+
+
+def unknown_keys(table: dict[str, Any], allowed: tuple[str, ...], path: str, problems: Problems) -> None:
+    for name in table:
+        if name in allowed:
+            continue
+        close = difflib.get_close_matches(str(name), allowed, n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else f"; known keys: {', '.join(allowed)}"
+        problems.add(f"{path}.{name}", f"unknown key{hint}")
+
+
+def reference(cls: type) -> Iterator[tuple[str, str, str]]:
+    """(key, default, meaning) rows of one table, for the README."""
+    for name, f in toml_keys(cls).items():
+        meta: Key = f.metadata["key"]
+        if meta.shown is not None:
+            default = meta.shown
+        elif meta.required:
+            default = "(required)"
+        elif f.default is None or f.default is dataclasses.MISSING:
+            default = ""
+        else:
+            default = f"`{_toml_literal(f.default)}`"
+        yield f"`{name}`", default, meta.doc
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+# -- value checks --------------------------------------------------------------------------
+
+
+def _entry_point(value: str, path: str, problems: Problems) -> Any:
+    if _ENTRY_POINT.match(value):
+        return value
+    problems.add(path, f'must be a string "module:attr" (e.g. "my_pkg.models:build"), not {value!r}')
+    return _INVALID
+
+
+def _device(value: str, path: str, problems: Problems) -> Any:
+    if _DEVICE.match(value):
+        return value
+    problems.add(path, f'must be "cpu", "cuda" or "cuda:N", not {value!r}')
+    return _INVALID
+
+
+def _dtype(value: str, path: str, problems: Problems) -> Any:
+    if value in DTYPES:
+        return DTYPES[value]
+    close = difflib.get_close_matches(value, DTYPES, n=1)
+    hint = f" (did you mean `{close[0]}`?)" if close else f"; known: {', '.join(sorted(set(DTYPES.values())))}"
+    problems.add(path, f"unknown dtype {value!r}{hint}")
+    return _INVALID
+
+
+def _shape(value: tuple[Any, ...], path: str, problems: Problems) -> Any:
+    ok = True
+    for i, dim in enumerate(value):
+        if not (_matches(int, dim) and dim >= 0) and not (isinstance(dim, str) and _NAME.match(dim)):
+            problems.add(f"{path}[{i}]", f"must be a size >= 0 or a dimension name, not {dim!r}")
+            ok = False
+    return value if ok else _INVALID
+
+
+def _at_least_zero(value: float, path: str, problems: Problems) -> Any:
+    if value >= 0:
+        return value
+    problems.add(path, f"must be >= 0, not {value!r}")
+    return _INVALID
+
+
+def _cpu_target(value: str, path: str, problems: Problems) -> Any:
+    from hatch_aoti.cpu_targets import CHOICES
+
+    if value in CHOICES:
+        return value
+    close = difflib.get_close_matches(value, CHOICES, n=1)
+    hint = f" (did you mean `{close[0]}`?)" if close else ""
+    problems.add(path, f"unknown CPU target {value!r}{hint}; choose from {', '.join(CHOICES)}")
+    return _INVALID
+
+
+def _package(value: str, path: str, problems: Problems) -> Any:
+    if all(_NAME.match(p) for p in value.split(".")):
+        return value
+    problems.add(path, f"must be an importable package name, not {value!r}")
+    return _INVALID
+
+
+def _module_name(value: str, path: str, problems: Problems) -> Any:
+    if is_identifier(value):
+        return value
+    problems.add(path, f"must be a Python module name, not {value!r}")
+    return _INVALID
+
+
+def _torch_requirement(value: str, path: str, problems: Problems) -> Any:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        name = Requirement(value).name
+    except InvalidRequirement as exc:
+        problems.add(path, f"is not a valid requirement: {exc}")
+        return _INVALID
+    if name.lower() != "torch":
+        problems.add(path, f"must be a requirement on torch, not {value!r}")
+        return _INVALID
+    return value
+
+
+def _some_models(value: dict[str, Any], path: str, problems: Problems) -> Any:
+    if value:
+        return value
+    problems.add(path, "must be a non-empty table of models")
+    return _INVALID
+
+
+# -- the tables ------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One example input declared in TOML rather than built by code."""
 
-    shape: tuple[int | str, ...]
-    """Sizes; a string names a dimension that may vary (see ``dynamic``)."""
-    dtype: str
-    """A torch dtype name (``float32``, ``int64``, ``bool``, ...), already canonical."""
-    device: str | None = None
-    """Device of this input; defaults to the model's device."""
-    low: float | None = None
-    """Lower bound of generated values (inclusive); keeps token ids inside a vocabulary."""
-    high: float | None = None
-    """Upper bound of generated values (exclusive for integer dtypes)."""
+    EXAMPLE: typing.ClassVar[str] = '{ shape = [4, 128], dtype = "float32" }'
+
+    shape: tuple[int | str, ...] = key(
+        "sizes; a string names a dimension that may vary (see `dynamic`)",
+        required="an array of sizes and dimension names", check=_shape,
+    )  # fmt: skip
+    dtype: str = key("a torch dtype name (see below)", default="float32", check=_dtype)
+    device: str | None = key("device of this input", shown="the model's `device`", check=_device)
+    low: float | None = key("lower bound of generated values (inclusive); not for `bool`", shown="`0` (integers)")
+    high: float | None = key(
+        "upper bound of generated values (exclusive for integers); not for `bool`", shown="`100` (integers)"
+    )
+
+    def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
+        if not ok("dtype", "low", "high"):
+            return
+        if self.dtype == "bool" and (self.low is not None or self.high is not None):
+            problems.add(path, "`low`/`high` do not apply to bool inputs (they are random true/false values)")
+        elif self.low is not None and self.high is not None and self.low >= self.high:
+            problems.add(path, f"`low` ({self.low}) must be below `high` ({self.high})")
 
 
 @dataclass(frozen=True)
 class DimSpec:
-    """Bounds of a named dimension; ``None`` leaves that side to torch.export."""
+    """Bounds of a named dimension; ``None`` leaves that side to torch.export (or the samples)."""
 
-    min: int | None = None
-    max: int | None = None
+    EXAMPLE: typing.ClassVar[str] = "{ min = 1, max = 512 }"
+
+    min: int | None = key("smallest size the compiled model accepts", check=_at_least_zero)
+    max: int | None = key("largest size the compiled model accepts", check=_at_least_zero)
+
+    def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
+        if ok("min", "max") and self.min is not None and self.max is not None and self.min > self.max:
+            problems.add(path, f"min ({self.min}) is greater than max ({self.max})")
+
+
+@dataclass(frozen=True)
+class ModelTable:
+    """One ``models.<name>`` table as written."""
+
+    factory: str = key(
+        '`"module:attr"` of a callable returning an `nn.Module` with its weights loaded',
+        required='"module:attr" of a callable returning an nn.Module', check=_entry_point,
+        expected='a string "module:attr" (e.g. "my_pkg.models:build")',
+    )  # fmt: skip
+    inputs: tuple[TensorSpec, ...] | None = key(
+        "positional example inputs: `[{ shape = [...], dtype = \"...\", device = \"...\", low = ..., high = ... }]`"
+    )
+    kwargs: dict[str, TensorSpec] = key(
+        'keyword example inputs: `{ name = { shape = [...], dtype = "..." } }`', factory=dict, shown="`{}`"
+    )
+    example_inputs: str | None = key(
+        '`"module:attr"` of a callable returning samples (see [Example inputs from code](#example-inputs-from-code)); '
+        "instead of `inputs`/`kwargs`",
+        check=_entry_point, expected='a string "module:attr" (e.g. "my_pkg.models:build")',
+    )
+    dynamic: dict[str, DimSpec] = key(
+        "bounds of named dims: `{ batch = { min = 1, max = 512 } }`", factory=dict, shown="`{}`"
+    )
+    device: str = key('`"cpu"`, `"cuda"` or `"cuda:N"`', default="cpu", check=_device)
+    inductor_configs: dict[str, Any] = key(
+        "Inductor settings over hatch-aoti's wheel defaults and the CPU target's (see [Inductor settings]"
+        "(#inductor-settings)); dotted names, quoted or as nested tables",
+        factory=dict, shown="`{}`",
+    )  # fmt: skip
+    rtol: float | None = key("relative tolerance of the build-time check", shown="by output dtype",
+                             check=_at_least_zero)  # fmt: skip
+    atol: float | None = key("absolute tolerance of the build-time check", shown="by output dtype",
+                             check=_at_least_zero)  # fmt: skip
+    verify: bool = key("compare with eager at build time; `false` for models that are random by design",
+                       default=True)  # fmt: skip
+    cpu_target: str | None = key(
+        "`x86-64-v3`, `x86-64-v4`, `armv8-a` or `native` (see [Portable wheels](#portable-wheels))",
+        shown="the table's `cpu-target`", check=_cpu_target,
+    )  # fmt: skip
+
+    def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
+        # A key with problems of its own still counts as given.
+        inputs = self.inputs is not None or not ok("inputs")
+        example = self.example_inputs is not None or not ok("example_inputs")
+        kwargs = bool(self.kwargs) or not ok("kwargs")
+        if inputs and example:
+            problems.add(path, "give either `inputs` or `example-inputs`, not both")
+        elif example and kwargs:
+            problems.add(f"{path}.kwargs", "cannot be combined with `example-inputs`; return kwargs from it")
+        elif not (inputs or example or kwargs):
+            problems.add(path, 'needs example inputs: `inputs = [{ shape = [...], dtype = "..." }]` or `example-inputs`')
+        if not example and ok("inputs", "kwargs"):
+            used = {d for t in (*(self.inputs or ()), *self.kwargs.values()) for d in t.shape if isinstance(d, str)}
+            for name in self.dynamic:
+                if name not in used:
+                    problems.add(f"{path}.dynamic.{name}", "is not used by any input shape")
+
+
+@dataclass(frozen=True)
+class Table:
+    """The whole hatch-aoti table as written (hook table or ``[tool.hatch-aoti]``)."""
+
+    package: str | None = key(
+        "package that receives the loader and `_aoti/` artifacts; required if the wheel has several",
+        shown="the wheel's only top-level package", check=_package,
+    )  # fmt: skip
+    loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled",
+                      check=_module_name)  # fmt: skip
+    torch_requirement: str | None = key(
+        "`Requires-Dist` written for torch; must allow the torch that builds the wheel",
+        shown="`torch==X.Y.*` of the build torch", check=_torch_requirement,
+    )  # fmt: skip
+    cpu_target: str | None = key("default [CPU target](#portable-wheels) of the models",
+                                 shown="`x86-64-v3` on x86-64", check=_cpu_target)  # fmt: skip
+    models: dict[str, ModelTable] = key(
+        "one table per model; `<name>` must be a Python identifier",
+        required="declare at least one [..models.<name>] table", check=_some_models, factory=dict,
+    )  # fmt: skip
+
+
+# -- specs: what the build works from ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One ``models.<name>`` table, validated."""
+    """One model, validated and resolved against the table's defaults."""
 
     name: str
     factory: str
-    """``module:attr`` of a callable returning an ``nn.Module`` with its weights loaded."""
     inputs: tuple[TensorSpec, ...] | None
     """Positional example inputs declared in TOML, or ``None`` when ``example-inputs`` is used."""
     kwargs: dict[str, TensorSpec]
-    """Keyword example inputs declared in TOML."""
     example_inputs: str | None
-    """``module:attr`` of a callable returning samples, the code alternative to ``inputs``."""
     dynamic: dict[str, DimSpec]
-    """Bounds of named dimensions."""
     device: str = "cpu"
     inductor_configs: dict[str, Any] = field(default_factory=dict)
-    """Passed through to ``aoti_compile_and_package(inductor_configs=...)``."""
     rtol: float | None = None
-    """Relative tolerance of the build-time check; ``None`` picks one by output dtype."""
     atol: float | None = None
-    """Absolute tolerance of the build-time check; ``None`` picks one by output dtype."""
     verify: bool = True
-    """Compare compiled outputs with eager ones at build time."""
     cpu_target: str = "native"
-    """Instruction-set baseline of CPU code (resolved: the model's, the hook's, or the default)."""
-
-    @property
-    def path(self) -> str:
-        return f"{HOOK_PATH}.models.{self.name}"
+    """The model's own, the table's, or the machine's default."""
+    path: str = ""
+    """Full TOML path of the model's table, for messages."""
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe form for the worker process."""
-        from dataclasses import asdict
-
-        return asdict(self)
+        """A JSON-safe form for the build's child processes."""
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:
@@ -145,283 +495,110 @@ def _tensor_from_json(data: dict[str, Any]) -> TensorSpec:
 
 
 @dataclass(frozen=True)
-class HookSettings:
-    """The whole ``[tool.hatch.build.targets.wheel.hooks.aoti]`` table, validated."""
+class Settings:
+    """The whole table, validated, with each model resolved."""
 
     models: tuple[ModelSpec, ...]
     package: str | None = None
-    """Package that receives the artifacts and the loader; ``None``: the wheel's only one."""
     loader: str = "compiled"
-    """Name of the generated loader module inside ``package``."""
     torch_requirement: str | None = None
-    """``Requires-Dist`` for torch; ``None``: the release series used to build."""
     cpu_target: str | None = None
-    """Default ``cpu-target`` of the models; ``None``: portable baseline of the build machine."""
+    table: str = HATCH_TABLE
+    """The TOML path the user wrote the settings under."""
 
 
-MODEL_KEYS = (
-    "factory", "inputs", "kwargs", "example-inputs", "dynamic", "device",
-    "inductor-configs", "rtol", "atol", "verify", "cpu-target",
-)  # fmt: skip
-HOOK_KEYS = ("package", "loader", "torch-requirement", "cpu-target", "models")
-TENSOR_KEYS = ("shape", "dtype", "device", "low", "high")
-DIM_KEYS = ("min", "max")
+HookSettings = Settings
 
 
-def _unknown_keys(table: dict[str, Any], allowed: tuple[str, ...], path: str, problems: Problems) -> None:
-    for key in table:
-        if key in allowed:
-            continue
-        close = difflib.get_close_matches(key, allowed, n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else f"; known keys: {', '.join(allowed)}"
-        problems.add(f"{path}.{key}", f"unknown key{hint}")
+def parse_settings(
+    raw: dict[str, Any], table: str = HATCH_TABLE, machine: str | None = None, flags: set[str] | None = None
+) -> Settings:
+    """Validate the table; raise :class:`ConfigError` listing every problem.
 
+    ``machine`` and ``flags`` (``os.uname().machine`` and the CPU's feature flags) are
+    the build machine's unless given.
+    """
+    from hatch_aoti.cpu_targets import default_target, host_flags
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _parse_tensor(raw: Any, path: str, problems: Problems) -> TensorSpec | None:
-    if not isinstance(raw, dict):
-        problems.add(path, "must be a table like { shape = [4, 128], dtype = \"float32\" }")
-        return None
-    _unknown_keys(raw, TENSOR_KEYS, path, problems)
-    ok = True
-    shape = raw.get("shape")
-    if shape is None:
-        problems.add(f"{path}.shape", "is required")
-        ok = False
-    elif not isinstance(shape, list):
-        problems.add(f"{path}.shape", "must be an array of sizes and dimension names")
-        ok = False
-    else:
-        for i, dim in enumerate(shape):
-            if _is_int(dim) and dim >= 0:
-                continue
-            if isinstance(dim, str) and _NAME.match(dim):
-                continue
-            problems.add(f"{path}.shape[{i}]", f"must be a size >= 0 or a dimension name, not {dim!r}")
-            ok = False
-    dtype = raw.get("dtype", "float32")
-    if dtype not in DTYPES:
-        close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else f"; known: {', '.join(sorted(set(DTYPES.values())))}"
-        problems.add(f"{path}.dtype", f"unknown dtype {dtype!r}{hint}")
-        ok = False
-    device = raw.get("device")
-    if device is not None and not (isinstance(device, str) and _DEVICE.match(device)):
-        problems.add(f"{path}.device", f"must be \"cpu\", \"cuda\" or \"cuda:N\", not {device!r}")
-        ok = False
-    bounds = {}
-    for key in ("low", "high"):
-        value = raw.get(key)
-        if value is not None and not _is_number(value):
-            problems.add(f"{path}.{key}", f"must be a number, not {value!r}")
-            ok = False
-        bounds[key] = value
-    if _is_number(bounds["low"]) and _is_number(bounds["high"]) and bounds["low"] >= bounds["high"]:
-        problems.add(path, f"`low` ({bounds['low']}) must be below `high` ({bounds['high']})")
-        ok = False
-    if not ok:
-        return None
-    return TensorSpec(tuple(shape), DTYPES[dtype], device, bounds["low"], bounds["high"])
-
-
-def _parse_entry_point(raw: Any, path: str, problems: Problems) -> str | None:
-    if not isinstance(raw, str) or not _ENTRY_POINT.match(raw):
-        problems.add(path, f'must be a string "module:attr" (e.g. "my_pkg.models:build"), not {raw!r}')
-        return None
-    return raw
-
-
-def _parse_cpu_target(raw: Any, path: str, problems: Problems, machine: str) -> str | None:
-    from hatch_aoti.cpu_targets import CHOICES, TARGETS
-
-    if raw is None:
-        return None
-    if raw not in CHOICES:
-        close = difflib.get_close_matches(str(raw), CHOICES, n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else ""
-        problems.add(path, f"unknown CPU target {raw!r}{hint}; choose from {', '.join(CHOICES)}")
-        return None
-    if raw in TARGETS and TARGETS[raw].arch != machine:
-        problems.add(path, f"{raw!r} is for {TARGETS[raw].arch} machines; this build machine is {machine}")
-        return None
-    return str(raw)
-
-
-def _parse_model(
-    name: str, raw: Any, problems: Problems, default_cpu_target: str, machine: str
-) -> ModelSpec | None:
-    path = f"{HOOK_PATH}.models.{name}"
-    if not _NAME.match(name) or keyword.iskeyword(name):
-        problems.add(path, "model names must be Python identifiers (letters, digits, `_`)")
-    if not isinstance(raw, dict):
-        problems.add(path, "must be a table")
-        return None
-    start = len(problems.items)
-    _unknown_keys(raw, MODEL_KEYS, path, problems)
-
-    factory = None
-    if "factory" not in raw:
-        problems.add(f"{path}.factory", 'is required: "module:attr" of a callable returning an nn.Module')
-    else:
-        factory = _parse_entry_point(raw["factory"], f"{path}.factory", problems)
-
-    inputs: tuple[TensorSpec, ...] | None = None
-    example_inputs = None
-    if "inputs" in raw and "example-inputs" in raw:
-        problems.add(path, "give either `inputs` or `example-inputs`, not both")
-    elif "example-inputs" in raw:
-        example_inputs = _parse_entry_point(raw["example-inputs"], f"{path}.example-inputs", problems)
-        if "kwargs" in raw:
-            problems.add(f"{path}.kwargs", "cannot be combined with `example-inputs`; return kwargs from it")
-    elif "inputs" in raw:
-        raw_inputs = raw["inputs"]
-        if not isinstance(raw_inputs, list):
-            problems.add(f"{path}.inputs", "must be an array of tables like { shape = [4, 128], dtype = \"float32\" }")
-        else:
-            parsed = [_parse_tensor(t, f"{path}.inputs[{i}]", problems) for i, t in enumerate(raw_inputs)]
-            inputs = tuple(t for t in parsed if t is not None)
-    elif "kwargs" not in raw:
-        problems.add(path, "needs example inputs: `inputs = [{ shape = [...], dtype = \"...\" }]` or `example-inputs`")
-
-    kwargs: dict[str, TensorSpec] = {}
-    raw_kwargs = raw.get("kwargs", {})
-    if not isinstance(raw_kwargs, dict):
-        problems.add(f"{path}.kwargs", "must be a table of name = { shape = [...], dtype = \"...\" }")
-    elif example_inputs is None:
-        for key, value in raw_kwargs.items():
-            spec = _parse_tensor(value, f"{path}.kwargs.{key}", problems)
-            if spec is not None:
-                kwargs[key] = spec
-        if inputs is None and "inputs" not in raw:
-            inputs = ()
-
-    dynamic: dict[str, DimSpec] = {}
-    raw_dynamic = raw.get("dynamic", {})
-    if not isinstance(raw_dynamic, dict):
-        problems.add(f"{path}.dynamic", "must be a table of name = { min = ..., max = ... }")
-    else:
-        for dim_name, bounds in raw_dynamic.items():
-            dim_path = f"{path}.dynamic.{dim_name}"
-            if not isinstance(bounds, dict):
-                problems.add(dim_path, "must be a table like { min = 1, max = 512 }")
-                continue
-            _unknown_keys(bounds, DIM_KEYS, dim_path, problems)
-            lo, hi = bounds.get("min"), bounds.get("max")
-            bad = False
-            for key, value in (("min", lo), ("max", hi)):
-                if value is not None and not (_is_int(value) and value >= 0):
-                    problems.add(f"{dim_path}.{key}", f"must be an integer >= 0, not {value!r}")
-                    bad = True
-            if not bad and lo is not None and hi is not None and lo > hi:
-                problems.add(dim_path, f"min ({lo}) is greater than max ({hi})")
-                bad = True
-            if not bad:
-                dynamic[dim_name] = DimSpec(lo, hi)
-        if example_inputs is None:
-            used = {d for t in (*(inputs or ()), *kwargs.values()) for d in t.shape if isinstance(d, str)}
-            for dim_name in raw_dynamic:
-                if dim_name not in used:
-                    problems.add(f"{path}.dynamic.{dim_name}", "is not used by any input shape")
-
-    device = raw.get("device", "cpu")
-    if not (isinstance(device, str) and _DEVICE.match(device)):
-        problems.add(f"{path}.device", f'must be "cpu", "cuda" or "cuda:N", not {device!r}')
-
-    configs = raw.get("inductor-configs", {})
-    if not isinstance(configs, dict):
-        problems.add(f"{path}.inductor-configs", "must be a table of AOTInductor config names to values")
-
-    tolerances = {}
-    for key in ("rtol", "atol"):
-        value = raw.get(key)
-        if value is not None and not (_is_number(value) and value >= 0):
-            problems.add(f"{path}.{key}", f"must be a number >= 0, not {value!r}")
-        tolerances[key] = value
-
-    verify = raw.get("verify", True)
-    if not isinstance(verify, bool):
-        problems.add(f"{path}.verify", f"must be true or false, not {verify!r}")
-
-    from hatch_aoti.cpu_targets import NATIVE, OWNED_CONFIGS
-
-    cpu_target = _parse_cpu_target(raw.get("cpu-target"), f"{path}.cpu-target", problems, machine)
-    cpu_target = cpu_target or default_cpu_target
-    if cpu_target != NATIVE and isinstance(configs, dict):
-        for key in OWNED_CONFIGS:
-            if key in configs:
-                problems.add(f"{path}.inductor-configs.{key}", f"is set by cpu-target {cpu_target!r}; "
-                             'use `cpu-target = "native"` to control it yourself')
-
-    if len(problems.items) > start or factory is None:
-        return None
-    return ModelSpec(
-        name=name,
-        factory=factory,
-        inputs=inputs,
-        kwargs=kwargs,
-        example_inputs=example_inputs,
-        dynamic=dynamic,
-        device=device,
-        inductor_configs=dict(configs),
-        rtol=tolerances["rtol"],
-        atol=tolerances["atol"],
-        verify=verify,
-        cpu_target=cpu_target,
-    )
-
-
-def parse_settings(raw: dict[str, Any], machine: str | None = None) -> HookSettings:
-    """Validate the hook table; raise :class:`ConfigError` listing every problem."""
     problems = Problems()
-    table = {k: v for k, v in raw.items() if k not in RESERVED_KEYS}
-    _unknown_keys(table, HOOK_KEYS, HOOK_PATH, problems)
-
-    package = table.get("package")
-    if package is not None and not (isinstance(package, str) and all(_NAME.match(p) for p in package.split("."))):
-        problems.add(f"{HOOK_PATH}.package", f"must be an importable package name, not {package!r}")
-    loader = table.get("loader", "compiled")
-    if not (isinstance(loader, str) and _NAME.match(loader) and not keyword.iskeyword(loader)):
-        problems.add(f"{HOOK_PATH}.loader", f"must be a Python module name, not {loader!r}")
-    torch_req = table.get("torch-requirement")
-    if torch_req is not None:
-        from packaging.requirements import InvalidRequirement, Requirement  # not needed in workers
-
-        try:
-            if not isinstance(torch_req, str):
-                raise InvalidRequirement(repr(torch_req))
-            if Requirement(torch_req).name.lower() != "torch":
-                problems.add(f"{HOOK_PATH}.torch-requirement", f"must be a requirement on torch, not {torch_req!r}")
-        except InvalidRequirement as exc:
-            problems.add(f"{HOOK_PATH}.torch-requirement", f"is not a valid requirement: {exc}")
-
-    from hatch_aoti.cpu_targets import default_target
-
+    parsed: Table | None = read(Table, raw, table, problems)
     machine = machine or os.uname().machine
-    hook_cpu_target = _parse_cpu_target(table.get("cpu-target"), f"{HOOK_PATH}.cpu-target", problems, machine)
-    models: list[ModelSpec] = []
-    raw_models = table.get("models")
-    if raw_models is None:
-        problems.add(f"{HOOK_PATH}.models", "is required: declare at least one [..models.<name>] table")
-    elif not isinstance(raw_models, dict) or not raw_models:
-        problems.add(f"{HOOK_PATH}.models", "must be a non-empty table of models")
-    else:
-        for name, model in raw_models.items():
-            spec = _parse_model(name, model, problems, hook_cpu_target or default_target(machine), machine)
-            if spec is not None:
-                models.append(spec)
-
+    default = default_target(machine)
+    targets = _target_problems(raw, table, machine, host_flags() if flags is None else flags, default, problems)
     problems.raise_if_any()
-    return HookSettings(
-        models=tuple(models),
-        package=package,
-        loader=loader,
-        torch_requirement=torch_req,
-        cpu_target=hook_cpu_target,
-    )
+    assert parsed is not None
+    return Settings(
+        models=tuple(_spec(name, model, targets[name], f"{table}.models.{name}")
+                     for name, model in parsed.models.items()),
+        package=parsed.package,
+        loader=parsed.loader,
+        torch_requirement=parsed.torch_requirement,
+        cpu_target=parsed.cpu_target or default,
+        table=table,
+    )  # fmt: skip
+
+
+def _spec(name: str, model: ModelTable, target: str, path: str) -> ModelSpec:
+    return ModelSpec(
+        name=name, factory=model.factory, inputs=model.inputs, kwargs=dict(model.kwargs),
+        example_inputs=model.example_inputs, dynamic=dict(model.dynamic), device=model.device,
+        inductor_configs=dict(model.inductor_configs), rtol=model.rtol, atol=model.atol, verify=model.verify,
+        cpu_target=target, path=path,
+    )  # fmt: skip
+
+
+def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[str], default: str,
+                     problems: Problems) -> dict[str, str]:  # fmt: skip
+    """Each model's CPU target, checked against this machine and the model's own settings.
+
+    Works on the raw table so that these problems are listed beside any others.
+    """
+    from hatch_aoti.cpu_targets import CHOICES, NATIVE, OWNED_CONFIGS
+
+    def valid(value: Any) -> str | None:
+        return value if isinstance(value, str) and value in CHOICES else None
+
+    table_target = valid(raw.get("cpu-target"))
+    if table_target:
+        _check_target(table_target, f"{table}.cpu-target", machine, flags, problems)
+    models = raw.get("models")
+    targets: dict[str, str] = {}
+    for name, model in (models.items() if isinstance(models, dict) else ()):
+        if not isinstance(model, dict):
+            continue
+        path = f"{table}.models.{name}"
+        own = valid(model.get("cpu-target"))
+        if own:
+            _check_target(own, f"{path}.cpu-target", machine, flags, problems)
+        targets[name] = target = own or table_target or default
+        configs = model.get("inductor-configs")
+        if target != NATIVE and isinstance(configs, dict):
+            for owned in sorted(set(OWNED_CONFIGS) & set(flat_config_names(configs))):
+                problems.add(f"{path}.inductor-configs.{owned}",
+                             f"is set by cpu-target {target!r}; use `cpu-target = \"native\"` to control it yourself")
+    return targets
+
+
+def _check_target(name: str, path: str, machine: str, flags: set[str], problems: Problems) -> None:
+    """A target runs only on its architecture, and is verified only on a CPU that has its features."""
+    from hatch_aoti.cpu_targets import TARGETS
+
+    if name not in TARGETS:
+        return
+    target = TARGETS[name]
+    if target.arch != machine:
+        problems.add(path, f"{name!r} is for {target.arch} machines; this build machine is {machine}")
+        return
+    missing = [f for f in target.features if f not in flags]
+    if flags and missing:
+        problems.add(path, f"{name!r} needs CPU features this build machine lacks ({', '.join(missing)}), so "
+                     "the compiled code could not be verified here; build on a machine that has them")  # fmt: skip
+
+
+def flat_config_names(configs: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Dotted names of Inductor settings, whether written quoted or as nested TOML tables."""
+    for name, value in configs.items():
+        dotted = f"{prefix}{name}"
+        yield dotted
+        if isinstance(value, dict) and "." not in str(name):
+            yield from flat_config_names(value, f"{dotted}.")

@@ -3,10 +3,12 @@
 It is computed from the *exported program* (graph, tensor metadata of every node,
 signature, ranges, and the bytes of every weight and constant), not from source files:
 a change to model code anywhere, in the project or in a dependency, that changes what
-torch.export sees changes the key; an unrelated edit does not. Added to that: the model
-spec (inputs, dynamic dims, inductor configs, tolerances), the torch build, the C++
-compiler's identity, the CPU target, the effective inductor configs, and hatch-aoti's
-own version and code.
+torch.export sees changes the key; an unrelated edit does not. Added to that: what the
+build checks (inputs, dynamic dims, tolerances), the Inductor settings of the model and
+of the whole Inductor config (``TORCHINDUCTOR_*`` variables included), the torch build,
+the C++ compiler, the CPU target (and CPU, for ``native``), the GPU's compute capability
+for CUDA models, and hatch-aoti's own code. Not the model's name or the project: the
+same model in two projects shares one entry.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def _tensor_digest(digest: Any, name: str, tensor: Any) -> None:
     t = t.contiguous()
     digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
     nbytes = t.numel() * t.element_size()
-    if nbytes:
-        digest.update(ctypes.string_at(t.data_ptr(), nbytes))
+    if nbytes:  # hashed in place: a copy of a large weight would double its memory
+        digest.update(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())))
 
 
 def _node_meta(node: Any) -> str:
@@ -100,23 +102,47 @@ def own_identity() -> str:
 
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted([*package.glob("*.py"), *template_path().parent.glob("*.py")]):
-        digest.update(f"{path.name}\n".encode())
+    for path in sorted([*package.rglob("*.py"), *template_path().parent.glob("*.py")]):
+        digest.update(f"{path.relative_to(path.parent.parent).as_posix()}\n".encode())
         digest.update(path.read_bytes())
     return f"{__version__} {digest.hexdigest()}"
 
 
-def cache_key(exported: Any, spec_json: dict[str, Any], plan_description: dict[str, Any],
-              inductor_configs: dict[str, Any], cpu_target: str) -> str:  # fmt: skip
+def inductor_environment() -> dict[str, Any]:
+    """Inductor's whole config as its own cache sees it, and every ``TORCHINDUCTOR_*`` variable.
+
+    Some variables are read outside the config module (``TORCHINDUCTOR_DEBUG_COMPILE`` by
+    the C++ builder, say); the cache directory is not one that changes code.
+    """
+    import os
+
+    import torch._inductor.config as inductor_config
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_") and k != "TORCHINDUCTOR_CACHE_DIR"}
+    return {"config": inductor_config.save_config_portable(), "env": dict(sorted(env.items()))}
+
+
+def cuda_capability(device: str) -> list[int] | None:
+    if not device.startswith("cuda"):
+        return None
+    return list(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def cache_key(exported: Any, spec: Any, plan: Any, inductor_configs: dict[str, Any], backend: str = "aoti") -> str:
+    """The key of one model: ``spec`` is its ModelSpec, ``plan`` its InputPlan."""
     parts = {
+        "backend": backend,
         "program": program_digest(exported),
-        "spec": spec_json,
-        "inputs": plan_description,
+        "inputs": [plan.description, {n: list(b) for n, b in plan.dims.items()}],
+        "checks": [spec.verify, spec.rtol, spec.atol],
+        "device": spec.device,
         "inductor_configs": inductor_configs,
+        "inductor": inductor_environment(),
         "torch": [torch.__version__, torch.version.git_version, torch.version.cuda],
         "compiler": compiler_identity(),
-        "cpu_target": cpu_target,
-        "cpu": host_cpu() if cpu_target == "native" else platform.machine(),
+        "cpu_target": spec.cpu_target,
+        "cpu": host_cpu() if spec.cpu_target == "native" else platform.machine(),
+        "cuda": cuda_capability(spec.device),
         "hatch_aoti": own_identity(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hatchling.plugin import hookimpl
 
-from hatch_aoti.plugin import AotiBuildHook
+from hatch_aoti.frontends.hatch import AotiBuildHook
 
 
 @hookimpl

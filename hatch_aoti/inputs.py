@@ -148,7 +148,7 @@ def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> In
 
 
 def normalise_samples(value: Any) -> list[Sample]:
-    """Accept ``(args,)``-style tuples, ``((args), {kwargs})`` pairs, or a list of either."""
+    """Accept a tensor, a tuple of positional arguments, an ``(args, kwargs)`` pair, or a list of those."""
 
     def one(item: Any) -> Sample:
         if isinstance(item, torch.Tensor):
@@ -164,7 +164,8 @@ def normalise_samples(value: Any) -> list[Sample]:
             return item, {}
         raise InputError(
             "example-inputs",
-            f"must return (args,), ((args), {{kwargs}}) or a list of those, got {type(item).__name__}",
+            "must return a sample or a list of samples; a sample is a tensor, a tuple of forward's "
+            f"positional arguments such as (x, mask), or a pair ((x,), {{\"mask\": m}}); got {type(item).__name__}",
         )
 
     if isinstance(value, list):
@@ -204,10 +205,7 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     dims: dict[str, tuple[int, int | None]] = {}
     for k, (seq, members) in enumerate(groups.items()):
         name = "batch" if any(axis == 0 for _, axis in members) and "batch" not in dims else f"dim{k}"
-        declared = model.dynamic.get(name, DimSpec())
-        lo = min(seq) if declared.min is None else min(declared.min, min(seq))
-        hi = max(seq) if declared.max is None else max(declared.max, max(seq))
-        dims[name] = (lo, hi)
+        dims[name] = _widen(name, model.dynamic.get(name, DimSpec()), min(seq), max(seq))
         for member in members:
             names[member] = name
     for name in model.dynamic:
@@ -253,6 +251,17 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         description={"samples": len(samples), "leaves": leaves_desc},
         axis_names=[{a: n for (tt, a), n in names.items() if tt == t} for t in tensors],
     )
+
+
+def _widen(name: str, declared: DimSpec, low: int, high: int) -> tuple[int, int]:
+    """Bounds covering the sizes seen, widened by ``dynamic``; narrowing them would refuse a sample."""
+    if declared.min is not None and declared.min > low:
+        raise InputError(f"dynamic.{name}.min", f"is {declared.min}, above the smallest size of {name!r} in the "
+                         f"samples ({low}); `dynamic` can only widen the range the samples show")
+    if declared.max is not None and declared.max < high:
+        raise InputError(f"dynamic.{name}.max", f"is {declared.max}, below the largest size of {name!r} in the "
+                         f"samples ({high}); `dynamic` can only widen the range the samples show")
+    return (low if declared.min is None else declared.min, high if declared.max is None else declared.max)
 
 
 def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str, int]) -> Sample:

@@ -46,7 +46,7 @@ def _entry(name):
 def info(name):
     """Build metadata of one model (a fresh dict; changing it changes nothing)."""
     entry = json.loads(json.dumps(_entry(name)))
-    entry["file"] = os.path.join(_HERE, entry["file"])
+    entry["file"] = os.path.join(_HERE, name, entry["file"])
     entry["torch"] = _MANIFEST["torch"]
     entry["hatch_aoti"] = _MANIFEST["hatch_aoti"]
     return entry
@@ -68,16 +68,16 @@ def load(name):
 def save_pt2(name, path):
     """Write model ``name`` as a standard ``.pt2`` package (``aoti_load_package``, C++)."""
     with open(path, "wb") as f:
-        f.write(_pt2_bytes(_entry(name)))
+        f.write(_pt2_bytes(name, _entry(name)))
     return path
 
 
-def _pt2_bytes(entry):
+def _pt2_bytes(name, entry):
     """The standard ``.pt2`` archive: shipped files plus the small members kept in the manifest."""
     import zipfile
 
-    root = os.path.join(_HERE, entry["package_dir"])
-    prefix = os.path.basename(root)
+    root = os.path.join(_HERE, name)
+    prefix = name
     inline = entry["inline"]
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
@@ -110,7 +110,7 @@ class _CompiledModel:
                 f"compiled model {name!r} was built for {self.device}, but this torch "
                 f"({torch.__version__}) sees no CUDA device"
             )
-        self._file = os.path.join(_HERE, entry["file"])
+        self._file = os.path.join(_HERE, name, entry["file"])
         _check_cpu(name, entry["cpu"])
         try:
             self._runner = _fast_runner(torch, self._file, self.device)
@@ -124,10 +124,11 @@ class _CompiledModel:
                 RuntimeWarning,
                 stacklevel=3,
             )
-            self._runner = _public_runner(entry)
+            self._runner = _public_runner(name, entry)
             in_spec, out_spec = self._runner.loader.get_call_spec()
             self._run = self._runner.loader.boxed_run
         self._pytree = pytree
+        self._tensor = torch.Tensor
         self._in_spec = pytree.treespec_loads(in_spec)
         self._out_spec = pytree.treespec_loads(out_spec)
         args_spec, kwargs_spec = _children(self._in_spec)
@@ -178,7 +179,7 @@ class _CompiledModel:
             leaf = self._leaves[self._tensor_index[position]]
             expected = _describe(leaf)
             where = f"compiled model {self.name!r}: input {position}"
-            if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
+            if not isinstance(tensor, self._tensor):
                 raise TypeError(f"{where} must be a tensor ({expected}); got {type(tensor).__name__}")
             got = f"{str(tensor.dtype).replace('torch.', '')} on {tensor.device.type} with shape {list(tensor.shape)}"
             dtype, cpu, sizes, ranges = self._checks[position]
@@ -346,8 +347,8 @@ def _fast_runner(torch, so_path, device):
     return aoti.AOTIModelContainerRunnerCuda(so_path, 1, device, os.path.dirname(so_path))
 
 
-def _public_runner(entry):
+def _public_runner(name, entry):
     """``aoti_load_package`` on the same files, rebuilt as a ``.pt2`` in memory."""
     from torch._inductor import aoti_load_package
 
-    return aoti_load_package(io.BytesIO(_pt2_bytes(entry)))
+    return aoti_load_package(io.BytesIO(_pt2_bytes(name, entry)))

@@ -33,12 +33,19 @@ def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.Completed
     return proc
 
 
+#: Every build in the session shares it, so that any two wheels of the same sources can be compared.
+SOURCE_DATE_EPOCH = "1700000000"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Builds in the tests use their own compile cache, never the user's."""
     root = tmp_path_factory.mktemp("compile-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HATCH_AOTI_CACHE_DIR", str(root))
+        mp.setenv("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
+        mp.delenv("HATCH_AOTI_JOBS", raising=False)
+        mp.delenv("HATCH_AOTI_NO_CACHE", raising=False)
         yield root
 
 
@@ -84,7 +91,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     root = tmp_path_factory.mktemp("runtime-venv")
     venv.EnvBuilder(with_pip=True).create(root)
     python = root / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", TORCH_PIN])
+    run([str(python), "-m", "pip", "install", "-q", TORCH_PIN, "numpy"])
     probe = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('hatch_aoti') is None)"], cwd=root)
     assert probe.stdout.strip() == "True", "the runtime venv must not have hatch-aoti"
     return Runtime(python)
@@ -140,3 +147,19 @@ def debug_sections(library: Path) -> list[str]:
 
     with library.open("rb") as f:
         return [s.name for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")]
+
+
+@pytest.fixture(scope="session")
+def sample_dists(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]) -> tuple[Path, Path]:
+    project = copy_project(REPO / "sample_project", tmp_path_factory.mktemp("sample") / "sample_project")
+    out = project / "dist"
+    run([sys.executable, "-m", "build", "-o", str(out), str(project)], env=build_env, cwd=project)
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    return sdist, wheel
+
+
+@pytest.fixture(scope="session")
+def sample_installed(sample_dists: tuple[Path, Path], runtime: Runtime) -> Runtime:
+    runtime.pip_install(str(sample_dists[1]))
+    return runtime

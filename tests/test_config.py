@@ -33,17 +33,18 @@ def test_minimal_model_parses_with_defaults() -> None:
     assert settings.loader == "compiled" and settings.package is None and settings.torch_requirement is None
 
 
-def test_reserved_hatch_keys_are_ignored() -> None:
-    settings = parse_settings(
-        {
-            "dependencies": ["x"],
-            "enable-by-default": True,
-            "require-runtime-dependencies": False,
-            "require-runtime-features": [],
-            "models": {"m": {"factory": "a:b", "inputs": []}},
-        }
-    )
-    assert [m.name for m in settings.models] == ["m"]
+def test_reserved_hatch_keys_are_left_to_hatchling() -> None:
+    from hatch_aoti.frontends.hatch import hook_settings
+
+    table = {
+        "dependencies": ["x"],
+        "enable-by-default": True,
+        "require-runtime-dependencies": False,
+        "require-runtime-features": [],
+        "models": {"m": {"factory": "a:b", "inputs": []}},
+    }
+    assert [m.name for m in hook_settings(table).models] == ["m"]
+    assert "unknown key" in problems(table)[f"{HOOK_PATH}.dependencies"], "other tables have no such keys"
 
 
 def test_every_problem_is_reported_at_once_with_its_path() -> None:
@@ -162,3 +163,61 @@ def test_spec_round_trips_through_json() -> None:
     import json
 
     assert ModelSpec.from_json(json.loads(json.dumps(model.to_json()))) == model
+
+
+def test_low_and_high_do_not_apply_to_bool_inputs() -> None:
+    found = problems({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2], "dtype": "bool", "high": 2}]}}})
+    assert "do not apply to bool inputs" in found[f"{M}.m.inputs[0]"]
+
+
+def test_a_target_the_build_machine_cannot_run_is_refused_before_compiling() -> None:
+    from hatch_aoti.cpu_targets import X86_64_V3, X86_64_V4
+
+    table = {"cpu-target": "x86-64-v4", "models": {"m": {"factory": "a:b", "inputs": []}}}
+    with pytest.raises(ConfigError) as info:
+        parse_settings(table, machine="x86_64", flags=set(X86_64_V3))
+    message = dict(info.value.problems)[f"{HOOK_PATH}.cpu-target"]
+    assert "lacks (avx512bw, avx512cd, avx512dq, avx512f, avx512vl)" in message
+    assert parse_settings(table, machine="x86_64", flags=set(X86_64_V4)).models[0].cpu_target == "x86-64-v4"
+
+
+def test_target_settings_written_as_nested_tables_still_conflict() -> None:
+    found = problems({"models": {"m": {"factory": "a:b", "inputs": [], "inductor-configs": {"cpp": {"simdlen": 512}}}}})
+    assert "is set by cpu-target" in found[f"{M}.m.inductor-configs.cpp.simdlen"]
+
+
+def test_the_table_path_is_the_one_the_user_wrote() -> None:
+    from hatch_aoti.config import SETUPTOOLS_TABLE
+
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"models": {"m": {"factroy": "a:b", "inputs": []}}}, SETUPTOOLS_TABLE)
+    assert [p for p, _ in info.value.problems] == ["tool.hatch-aoti.models.m.factroy", "tool.hatch-aoti.models.m.factory"]
+
+
+def test_torch_requirement_must_allow_the_build_torch() -> None:
+    from hatch_aoti.pipeline import torch_requirement
+
+    def settings(requirement: str | None):
+        table = {"models": {"m": {"factory": "a:b", "inputs": []}}}
+        return parse_settings({**table, **({"torch-requirement": requirement} if requirement else {})})
+
+    assert torch_requirement(settings(None), "2.13.0+cpu") == "torch==2.13.*"
+    assert torch_requirement(settings("torch>=2.13,<2.15"), "2.13.0+cpu") == "torch>=2.13,<2.15"
+    with pytest.raises(ConfigError) as info:
+        torch_requirement(settings("torch==2.12.*"), "2.13.0+cpu")
+    ((path, message),) = info.value.problems
+    assert path == f"{HOOK_PATH}.torch-requirement"
+    assert "'torch==2.12.*' does not allow the torch in the build environment (2.13.0+cpu)" in message
+
+
+def test_reference_tables_in_the_readme_are_generated_from_the_settings() -> None:
+    from pathlib import Path
+
+    from hatch_aoti.docs import reference_tables
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    for marker, table in reference_tables().items():
+        start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
+        assert start in readme, f"README lacks the {marker} table"
+        written = readme.split(start, 1)[1].split(end, 1)[0]
+        assert written == table, f"README's {marker} table is stale: run `python -m hatch_aoti.docs --write`"

@@ -51,6 +51,21 @@ MODELS = """
         os.kill(os.getpid(), signal.SIGSEGV)   # a native crash, as a broken extension would
 
     boom = 3
+
+    def nested_samples():
+        x = torch.randn(2, 4)
+        return [((x,),), ((x[:1],),)]   # one tuple too many: forward(a, b) gets a tuple as `a`
+
+    def single():
+        return Single()
+
+    class Single(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
 """
 
 
@@ -123,6 +138,27 @@ def test_factories_and_signatures_are_checked_together(tmp_path: Path) -> None:
     assert f"{M}.arity.inputs: do not match Two.forward(a, b)" in text
 
 
+def test_samples_that_cannot_match_forward_are_named_before_export(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.nested]
+        factory = "badpkg.models:single"
+        example-inputs = "badpkg.models:nested_samples"
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.narrowed]
+        factory = "badpkg.models:single"
+        example-inputs = "badpkg.models:nested_samples"
+        dynamic = { batch = { max = 1 } }
+        """,
+    )
+    assert "hatch-aoti found 2 problems" in text
+    message = text.split(f"{M}.nested.example-inputs: ", 1)[1].split("\n  - ", 1)[0]
+    assert message.startswith("Single.forward failed on sample 0, called with x=a tuple (a float32 tensor of shape [2, 4])")
+    assert "TypeError: linear(): argument 'input'" in message and "return (x,), not ((x,),)" in message
+    assert f"{M}.narrowed.dynamic.batch.max: is 1, below the largest size of 'batch' in the samples (2)" in text
+
+
 def test_export_failure_names_the_model_and_keeps_torch_reason(tmp_path: Path) -> None:
     text = failing_build(
         tmp_path,
@@ -136,21 +172,7 @@ def test_export_failure_names_the_model_and_keeps_torch_reason(tmp_path: Path) -
     assert "data-dependent" in text.lower() or "guard" in text.lower()
 
 
-def test_verification_failure_reports_input_and_error(tmp_path: Path) -> None:
-    text = failing_build(
-        tmp_path,
-        """
-        [tool.hatch.build.targets.wheel.hooks.aoti.models.noisy]
-        factory = "badpkg.models:noisy"
-        inputs = [{ shape = [64] }]
-        """,
-    )
-    assert f"model 'noisy' ({M}.noisy) failed at verify" in text
-    assert "differs from eager on example inputs [[64]]" in text
-    assert "max abs err" in text and "max rel err" in text
-
-
-def test_worker_crash_is_a_build_error_with_the_log(tmp_path: Path) -> None:
+def test_a_crash_is_a_build_error_naming_the_model_with_the_log(tmp_path: Path) -> None:
     text = failing_build(
         tmp_path,
         """
@@ -159,5 +181,5 @@ def test_worker_crash_is_a_build_error_with_the_log(tmp_path: Path) -> None:
         inputs = [{ shape = [2] }]
         """,
     )
-    assert "the compile worker for boom was killed by signal 11" in text
+    assert "the build coordinator was killed by signal 11 while checking model 'boom'" in text
     assert "| about to crash" in text

@@ -124,3 +124,14 @@ def test_normalise_samples_forms() -> None:
         normalise_samples([])
     with pytest.raises(InputError):
         normalise_samples("nope")
+
+
+def test_dynamic_may_widen_inferred_bounds_but_not_narrow_them() -> None:
+    samples = normalise_samples([(torch.zeros(2, 3),), (torch.zeros(6, 3),)])
+    wide = plan_from_samples(spec(dynamic={"batch": DimSpec(1, 32)}, example_inputs="a:c", inputs=None), samples, ["x"])
+    assert wide.dims == {"batch": (1, 32)}
+    for bounds, key, fragment in ((DimSpec(min=4), "dynamic.batch.min", "above the smallest size"),
+                                  (DimSpec(max=5), "dynamic.batch.max", "below the largest size")):  # fmt: skip
+        with pytest.raises(InputError) as info:
+            plan_from_samples(spec(dynamic={"batch": bounds}, example_inputs="a:c", inputs=None), samples, ["x"])
+        assert info.value.key == key and fragment in str(info.value)

@@ -67,7 +67,7 @@ def test_default_targets_and_native() -> None:
     assert default_target("aarch64") == "armv8-a"
     assert default_target("riscv64") == "native"
     v3 = resolve("x86-64-v3")
-    assert v3.inductor_configs == {"cpp.march": "x86-64-v3", "cpp.simdlen": 256}
+    assert v3.inductor_configs == {"cpp.march": "x86-64-v3", "cpp.simdlen": 256, "cpp.vec_isa_ok": True}
     native = resolve("native", "x86_64", {"avx2", "fma", "avx512f", "avx512_vnni", "ht", "sse4_2"})
     assert native.features == ("avx2", "avx512_vnni", "avx512f", "fma", "sse4_2")
 
@@ -80,7 +80,7 @@ def test_cpu_target_config_problems() -> None:
     found = dict(info.value.problems)
     assert "is for aarch64 machines; this build machine is x86_64" in found[f"{HOOK_PATH}.cpu-target"]
     assert "did you mean `x86-64-v4`" in found[f"{HOOK_PATH}.models.m.cpu-target"]
-    assert "is set by cpu-target 'x86-64-v3'" in found[f"{HOOK_PATH}.models.m.inductor-configs.cpp.simdlen"]
+    assert "is set by cpu-target 'armv8-a'" in found[f"{HOOK_PATH}.models.m.inductor-configs.cpp.simdlen"]
 
 
 def test_cpu_target_resolution_order() -> None:
@@ -132,7 +132,7 @@ def test_loader_keyerror_lists_known_names(loader) -> None:
 
 
 def test_wheel_defaults_then_target_then_user_configs() -> None:
-    from hatch_aoti.worker import inductor_configs
+    from hatch_aoti.backends.aoti import inductor_configs
 
     (plain, custom) = parse_settings(
         {"models": {"a": {"factory": "a:b", "inputs": []},
@@ -140,11 +140,14 @@ def test_wheel_defaults_then_target_then_user_configs() -> None:
                           "inductor-configs": {"aot_inductor.enable_line_tables": True, "max_autotune": False}}}},
         machine="x86_64",
     ).models  # fmt: skip
-    assert inductor_configs(plain, resolve(plain.cpu_target)) == {
-        "aot_inductor.enable_line_tables": False, "cpp.march": "x86-64-v3", "cpp.simdlen": 256,
+    fixed = {"cpp.dynamic_threads": True, "aot_inductor.model_name_for_generated_files": "model",
+             "cpp.vec_isa_ok": True}  # fmt: skip
+    assert inductor_configs(plain.inductor_configs, resolve(plain.cpu_target)) == {
+        "aot_inductor.enable_line_tables": False, "cpp.march": "x86-64-v3", "cpp.simdlen": 256, **fixed,
     }  # fmt: skip
-    assert inductor_configs(custom, resolve(custom.cpu_target)) == {
+    assert inductor_configs(custom.inductor_configs, resolve(custom.cpu_target)) == {
         "aot_inductor.enable_line_tables": True, "cpp.march": "x86-64-v4", "cpp.simdlen": 512, "max_autotune": False,
+        **fixed,
     }  # fmt: skip
 
 

@@ -9,26 +9,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Runtime, copy_project, debug_sections, run
+from conftest import Runtime, debug_sections, run
 from packaging.tags import parse_tag
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def sample_dists(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]) -> tuple[Path, Path]:
-    project = copy_project(REPO / "sample_project", tmp_path_factory.mktemp("sample") / "sample_project")
-    out = project / "dist"
-    run([sys.executable, "-m", "build", "-o", str(out), str(project)], env=build_env, cwd=project)
-    (sdist,) = out.glob("*.tar.gz")
-    (wheel,) = out.glob("*.whl")
-    return sdist, wheel
-
-
-@pytest.fixture(scope="session")
-def sample_installed(sample_dists: tuple[Path, Path], runtime: Runtime) -> Runtime:
-    runtime.pip_install(str(sample_dists[1]))
-    return runtime
 
 
 def test_wheel_is_tagged_for_the_platform(sample_dists: tuple[Path, Path]) -> None:
@@ -180,7 +164,7 @@ def test_fallback_to_public_loader_warns_once_and_works(sample_installed: Runtim
 def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_installed: Runtime) -> None:
     result = sample_installed.json(
         """
-        import json, torch
+        import json, numpy, torch
         from sample_models import compiled
         mlp, clf = compiled.load("mlp"), compiled.load("classifier")
         calls = {
@@ -192,6 +176,8 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
             "dtype": lambda: mlp(torch.randn(4, 128, dtype=torch.float64)),
             "device": lambda: mlp(torch.empty(4, 128, device="meta")),
             "not_tensor": lambda: mlp([[0.0] * 128] * 4),
+            "numpy": lambda: mlp(numpy.zeros((4, 128), dtype=numpy.float32)),
+            "numpy_dynamic": lambda: clf(numpy.zeros((2, 3, 16, 16), dtype=numpy.float32)),
             "above_max": lambda: clf(torch.rand(65, 3, 16, 16)),
             "below_min": lambda: clf(torch.rand(0, 3, 16, 16)),
             "static_dim": lambda: clf(torch.rand(2, 3, 16, 15)),
@@ -209,15 +195,17 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
     expected_type = {
         "count": "TypeError", "none": "TypeError", "kwarg": "TypeError", "rank": "ValueError",
         "size": "ValueError", "dtype": "TypeError", "device": "TypeError", "not_tensor": "TypeError",
+        "numpy": "TypeError", "numpy_dynamic": "TypeError",
         "above_max": "ValueError", "below_min": "ValueError", "static_dim": "ValueError",
     }  # fmt: skip
     for key, kind in expected_type.items():
         assert result[key] is not None, f"{key}: the bad call was accepted"
         assert result[key][0] == kind, (key, result[key])
-        model = "'classifier'" if key in ("above_max", "below_min", "static_dim") else "'mlp'"
+        model = "'classifier'" if key in ("above_max", "below_min", "static_dim", "numpy_dynamic") else "'mlp'"
         assert f"compiled model {model}" in result[key][1], (key, result[key])
     assert "float32 on cpu with shape [4, 128]; got float64" in result["dtype"][1]
     assert "got float32 on meta" in result["device"][1]
+    assert "must be a tensor (float32 on cpu with shape [4, 128]); got ndarray" in result["numpy"][1]
     assert "batch in [1, 64]" in result["above_max"][1] and "[65, 3, 16, 16]" in result["above_max"][1]
 
 

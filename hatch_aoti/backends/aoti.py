@@ -1,0 +1,198 @@
+"""The AOTInductor backend: an exported program compiled into a shared library that the loader maps in place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+#: Where hatch-aoti departs from Inductor's defaults, for code that ships in wheels:
+#: - line tables (``-g1``) triple the size of a small model's library and carry build
+#:   paths; release builds of torch itself ship without them;
+#: - without dynamic threads, Inductor writes the build machine's thread count into the
+#:   kernels (one thread: no parallel loops at all), so the library would run with the
+#:   build machine's parallelism everywhere, and its bytes would depend on it;
+#: - a fixed name for the generated files, which are otherwise named by a digest that
+#:   includes the build's paths.
+#: ``inductor-configs`` can change any of them.
+WHEEL_DEFAULTS: dict[str, Any] = {
+    "aot_inductor.enable_line_tables": False,
+    "cpp.dynamic_threads": True,
+    "aot_inductor.model_name_for_generated_files": "model",
+}
+
+
+def inductor_configs(user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
+    """The settings a model compiles with: wheel defaults, then its CPU target's, then the user's."""
+    import torch._inductor.config
+
+    known = set(torch._inductor.config.get_config_copy())
+    defaults = {k: v for k, v in WHEEL_DEFAULTS.items() if k in known}  # older releases lack some
+    # The target applies to CUDA models too: their wrapper is CPU code built with -march.
+    return {**defaults, **target.inductor_configs, **user_configs}
+
+
+def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Compile ``exported`` and lay its files out in ``out_dir``; the manifest entry's file fields.
+
+    Each compile gets an Inductor cache of its own under ``work``: the generated files
+    have fixed names, and Inductor reuses a library it finds under the same name, which
+    would be another model's when two models share their graph code (layers of other sizes).
+    """
+    import shutil
+
+    import torch._inductor
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    from hatch_aoti.artifacts import unpack_pt2
+
+    use_header_store()
+    pt2, inductor = work / "model.pt2", work / "inductor"
+    shutil.rmtree(inductor, ignore_errors=True)
+    try:
+        with temporary_cache_dir(str(inductor)), portable_paths():
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
+        return unpack_pt2(pt2, out_dir)
+    finally:
+        pt2.unlink(missing_ok=True)
+        shutil.rmtree(inductor, ignore_errors=True)
+
+
+def use_header_store() -> None:
+    """Keep Inductor's precompiled headers in its usual place, but one directory per torch install.
+
+    They take about 280 MB per torch install and are keyed by its path; Inductor keeps
+    them forever, so every isolated build (a new environment each time) would leave its
+    own copy behind. Here the headers of installs that no longer exist are removed, and a
+    long-lived environment keeps reusing its own (about 9 s a build).
+    """
+    import hashlib
+    import shutil
+
+    import torch
+    from torch._inductor import codecache
+
+    if not hasattr(codecache, "_HEADER_DIR") or getattr(codecache, "_hatch_aoti_headers", False):
+        return
+    root = Path(codecache._HEADER_DIR) / "hatch-aoti"
+    install = os.path.dirname(os.path.abspath(torch.__file__))
+    with contextlib.suppress(OSError):
+        for other in root.iterdir():
+            owner = other / "torch-path"
+            if owner.is_file() and not Path(owner.read_text(encoding="utf-8")).exists():
+                shutil.rmtree(other, ignore_errors=True)
+    home = root / hashlib.sha256(install.encode()).hexdigest()[:16]
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "torch-path").write_text(install, encoding="utf-8")
+    except OSError:
+        return  # Inductor's own location still works
+    codecache._HEADER_DIR = str(home)
+    codecache._HEADER_LOCK_DIR = str(home / "locks")
+    codecache._hatch_aoti_headers = True
+
+
+@contextlib.contextmanager
+def portable_paths() -> Iterator[None]:
+    """Keep the build's directories out of the compiled code (``-ffile-prefix-map``).
+
+    Headers and generated sources are named by ``__FILE__`` in the library, and their
+    paths depend on where the build runs (torch's location in an isolated build, the
+    Inductor cache), so without this two builds of the same sources would differ. Inductor
+    has no setting for extra compiler flags, so its command builder is wrapped. The map of
+    the Inductor cache (a fresh directory in every build) goes only to the commands that
+    compile its sources: in every command, it would change the key of Inductor's
+    precompiled headers and make each build compile them again (about 9 s here).
+    """
+    import torch
+    from torch._inductor import cpp_builder
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    flags_of = getattr(cpp_builder, "_get_optimization_cflags", None)
+    builder = getattr(cpp_builder, "CppBuilder", None)
+    command_of = getattr(builder, "get_command_line", None)
+    if flags_of is None or command_of is None:  # a torch that builds commands differently
+        yield  # builds stay correct, but not free of paths
+        return
+    stable = _prefix_maps({sys.base_prefix: "python", sys.prefix: "env", os.path.dirname(torch.__file__): "torch"})
+    inductor = cache_dir()
+    generated = " ".join(f"-{flag}" for flag in _prefix_maps({inductor: "inductor"}))
+
+    def flags(*args: Any, **kwargs: Any) -> Any:
+        cflags, ldflags = flags_of(*args, **kwargs)
+        return [*cflags, *stable], ldflags
+
+    def command(self: Any) -> str:
+        line = command_of(self)
+        sources = str(getattr(self, "_sources_args", ""))
+        return f"{line} {generated}" if inductor in sources and "c++-header" not in sources else line
+
+    cpp_builder._get_optimization_cflags = flags
+    builder.get_command_line = command
+    try:
+        yield
+    finally:
+        cpp_builder._get_optimization_cflags = flags_of
+        builder.get_command_line = command_of
+
+
+def _prefix_maps(maps: dict[str, str]) -> list[str]:
+    """``ffile-prefix-map`` flags for each directory as given and as resolved; broadest first,
+    since for a path under several of them the last match wins."""
+    out: list[str] = []
+    for old, new in sorted(maps.items(), key=lambda item: len(item[0])):
+        for path in dict.fromkeys([old, os.path.realpath(old)]):
+            out.append(f"ffile-prefix-map={path}={new}")
+    return out
+
+
+def describe_call(exported: Any, axis_names: list[dict[int, str]]) -> list[dict[str, Any]]:
+    """What each flattened input must be, as the exported program has it.
+
+    The loader checks calls against this (AOTInductor itself does not): dtype, device,
+    rank, static sizes, and each dynamic size's range; constants that export baked in
+    must be passed unchanged.
+    """
+    from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
+
+    nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    out: list[dict[str, Any]] = []
+    tensor_index = 0
+    for input_spec in exported.graph_signature.input_specs:
+        if input_spec.kind != InputKind.USER_INPUT:
+            continue
+        arg = input_spec.arg
+        if isinstance(arg, ConstantArgument):
+            value = arg.value
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            out.append({"const": value if plain else repr(value), "check_const": plain})
+            continue
+        if not isinstance(arg, TensorArgument):
+            out.append({"const": repr(arg), "check_const": False})
+            continue
+        fake = nodes[arg.name].meta["val"]
+        names = axis_names[tensor_index] if tensor_index < len(axis_names) else {}
+        tensor_index += 1
+        shape: list[Any] = []
+        for axis, size in enumerate(fake.shape):
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            expr = size.node.expr
+            bounds = exported.range_constraints.get(expr)
+            lo = _finite(bounds.lower) if bounds is not None else None
+            hi = _finite(bounds.upper) if bounds is not None else None
+            shape.append({"name": names.get(axis, str(expr)), "min": lo or 0, "max": hi})
+        out.append({"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape})
+    return out
+
+
+def _finite(value: Any) -> int | None:
+    """An int for a finite sympy bound, ``None`` for torch's (or sympy's) infinities."""
+    try:
+        return int(value)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return None

@@ -1,0 +1,201 @@
+"""Check every model before anything is exported: factory, module, settings, example inputs.
+
+Runs in the coordinator (it imports torch and the project's code). Each problem is
+reported against the TOML key it comes from, and all models are checked before the
+build stops, so one build lists everything that is wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from hatch_aoti.config import ModelSpec
+
+Problem = tuple[str, str]
+
+
+@dataclass
+class Prepared:
+    """A model that passed its checks: its module, input plan and Inductor settings."""
+
+    spec: ModelSpec
+    module: Any
+    plan: Any
+    """An :class:`hatch_aoti.inputs.InputPlan`."""
+    user_configs: dict[str, Any] = field(default_factory=dict)
+    """The model's ``inductor-configs`` with nested tables flattened to dotted names."""
+
+
+def resolve(entry_point: str) -> Any:
+    module_name, _, attr = entry_point.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def short_exception(exc: BaseException) -> str:
+    """The exception line, plus where in user code it came from (not our frames)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "hatch_aoti" not in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
+    """The model ready to export, or ``None`` with its problems added."""
+    import torch
+
+    path = spec.path
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        problems.append((f"{path}.device", f"is {spec.device!r}, but torch {torch.__version__} on this "
+                         "build machine sees no CUDA device"))  # fmt: skip
+        return None
+    configs = inductor_settings(spec.inductor_configs, f"{path}.inductor-configs", problems)
+    module = _module(spec, problems)
+    if module is None or configs is None:
+        return None
+    inputs_key = "example-inputs" if spec.example_inputs else "inputs"
+    signature = inspect.signature(module.forward)
+    params = [p.name for p in signature.parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    plan = _plan(spec, params, problems)
+    if plan is None:
+        return None
+    label, (args, kwargs) = _export_sample(plan)
+    forward = f"{type(module).__name__}.forward"
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        subject = "do not match" if label is None else f"{label} does not match"
+        problems.append((f"{path}.{inputs_key}", f"{subject} {forward}{signature}: {exc}"))
+        return None
+    failure = _dry_run(module, args, kwargs)
+    if failure is not None:
+        problems.append((f"{path}.{inputs_key}", f"{forward} failed on {label or 'the declared inputs'}, called "
+                         f"with {describe_call(bound.arguments)}: {failure}{_tuple_hint(bound.arguments)}"))
+        return None
+    return Prepared(spec, module, plan, configs)
+
+
+def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
+    import torch
+
+    path = f"{spec.path}.factory"
+    try:
+        factory = resolve(spec.factory)
+    except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
+        problems.append((path, f"cannot import {spec.factory!r}: {short_exception(exc)}"))
+        return None
+    if not callable(factory):
+        problems.append((path, f"{spec.factory!r} is a {type(factory).__name__}, not a callable"))
+        return None
+    try:
+        module = factory()
+    except Exception as exc:  # noqa: BLE001
+        problems.append((path, f"calling {spec.factory!r} failed: {short_exception(exc)}"))
+        return None
+    if not isinstance(module, torch.nn.Module):
+        problems.append((path, f"{spec.factory!r} returned {type(module).__name__}, not a torch.nn.Module"))
+        return None
+    return module.to(spec.device).eval()
+
+
+def _plan(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Any:
+    from hatch_aoti import inputs
+
+    key = "example-inputs" if spec.example_inputs else "inputs"
+    try:
+        if spec.example_inputs is None:
+            return inputs.plan_declared(spec, params)
+        try:
+            make = resolve(spec.example_inputs)
+        except Exception as exc:  # noqa: BLE001
+            raise inputs.InputError(key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}") from None
+        if not callable(make):
+            raise inputs.InputError(key, f"{spec.example_inputs!r} is not callable")
+        try:
+            returned = make()
+        except Exception as exc:  # noqa: BLE001
+            raise inputs.InputError(key, f"calling {spec.example_inputs!r} failed: {short_exception(exc)}") from None
+        return inputs.plan_from_samples(spec, inputs.normalise_samples(returned), params)
+    except inputs.InputError as exc:
+        problems.append((f"{spec.path}.{exc.key}", str(exc)))
+    except Exception as exc:  # noqa: BLE001
+        problems.append((f"{spec.path}.{key}", short_exception(exc)))
+    return None
+
+
+def _export_sample(plan: Any) -> tuple[str | None, Any]:
+    """The sample export uses, named as the user knows it: ``sample N`` of ``example-inputs``, or ``None``."""
+    for label, sample in plan.verify_samples:
+        if sample is plan.export_sample and label.startswith("sample"):
+            return label, sample
+    return None, plan.export_sample
+
+
+def _dry_run(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Run the eager model once on the sample: inputs it cannot take fail here, with the user's own error."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            module(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return short_exception(exc)
+    return None
+
+
+def describe_call(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={_kind(value)}" for name, value in arguments.items())
+
+
+def _kind(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_kind(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
+        return f"a {type(value).__name__} ({inner})"
+    if isinstance(value, dict):
+        return f"a dict with keys {sorted(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _tuple_hint(arguments: dict[str, Any]) -> str:
+    if not any(isinstance(v, (tuple, list)) for v in arguments.values()):
+        return ""
+    return (". A sample is the tuple of forward's positional arguments: for forward(x) return (x,), not "
+            "((x,),); for keyword arguments return ((x,), {\"mask\": m}) (see README, Example inputs from code)")
+
+
+def inductor_settings(configs: dict[str, Any], path: str, problems: list[Problem]) -> dict[str, Any] | None:
+    """The model's Inductor settings by dotted name, each checked against this torch's Inductor.
+
+    A bare dotted key in TOML (``aot_inductor.enable_line_tables = true``) makes a nested
+    table; it is flattened back here. Unknown names are refused before anything compiles.
+    """
+    import torch
+    import torch._inductor.config as inductor_config
+
+    known = set(inductor_config.get_config_copy())
+    out: dict[str, Any] = {}
+    ok = True
+    for name, value in configs.items():
+        if name in known:
+            out[name] = value
+        elif isinstance(value, dict) and any(k.startswith(f"{name}.") for k in known):
+            nested = inductor_settings({f"{name}.{k}": v for k, v in value.items()}, path, problems)
+            ok = ok and nested is not None
+            out.update(nested or {})
+        else:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            problems.append((f"{path}.{name}", f"is not an Inductor setting of torch {torch.__version__}{hint}"))
+            ok = False
+    return out if ok else None

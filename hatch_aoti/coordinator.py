@@ -1,0 +1,292 @@
+"""The coordinator: the one process of a build that imports torch and the project's models.
+
+Run as ``python -m hatch_aoti.coordinator JOB`` by the build backend (``pipeline.py``):
+1. check every model before anything is exported; any problem ends the build, all of them listed;
+2. export each model and key it from the exported program; cache hits go straight to the staged package;
+3. compile the misses: one share here, the others in compile helpers started for them (``pool.py``);
+4. verify each compiled model against eager through the staged loader, and cache it once it passes;
+5. a model that fails never stops the others; the last event says which built and which failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.checks import Prepared, check_model
+from hatch_aoti.children import Parent
+from hatch_aoti.config import ModelSpec
+from hatch_aoti.pool import Helpers, Outcome, Task, shares
+
+#: Under the cache root: compiled code of the coordinator's imports (see ``bytecode.py``).
+BYTECODE_DIR = "bytecode"
+
+
+class ModelFailure(Exception):
+    def __init__(self, stage: str, message: str) -> None:
+        self.stage = stage
+        super().__init__(message)
+
+
+def setup(job: dict[str, Any]) -> None:
+    """What every build process does first: the project's import paths, the bytecode store, torch."""
+    for entry in reversed(job["sys_path"]):
+        sys.path.insert(0, entry)
+    if job.get("cache"):
+        from hatch_aoti.bytecode import install
+
+        install(Path(job["cache"]) / BYTECODE_DIR)
+    preload_torch()
+
+
+def preload_torch() -> None:
+    """Import torch and its export machinery with the cycle collector paused.
+
+    These imports build a large, long-lived object graph and almost no garbage, yet the
+    collector keeps walking it while they run: paused, they take about a fifth less
+    time, and on a cached rebuild they are most of the build. Afterwards the imported
+    objects are frozen out of later collections, which also helps export and compile.
+    User code runs only after this, with the collector back on.
+    """
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+
+        with contextlib.suppress(ImportError):  # loaded by torch.export.export's first call anyway
+            importlib.import_module("torch.export._trace")
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+class Miss:
+    """A model that was exported and keyed but is not in the cache."""
+
+    def __init__(self, model: Prepared, exported: Any, key: str, entry: dict[str, Any]) -> None:
+        self.model, self.exported, self.key, self.entry = model, exported, key, entry
+
+    @property
+    def name(self) -> str:
+        return self.model.spec.name
+
+
+class Coordinator:
+    def __init__(self, job: dict[str, Any], parent: Parent) -> None:
+        from hatch_aoti.artifacts import ARTIFACT_DIR
+        from hatch_aoti.cache import CompileCache
+
+        self.job, self.emit = job, parent.emit
+        self.stage = Path(job["stage"])
+        self.package = self.stage / "package"
+        self.artifacts = self.package / ARTIFACT_DIR
+        self.cache = CompileCache(Path(job["cache"])) if job.get("cache") else None
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.failed: dict[str, str] = {}
+
+    def run(self, specs: list[ModelSpec]) -> None:
+        problems: list[tuple[str, str]] = []
+        prepared = []
+        for spec in specs:
+            self.emit("stage", model=spec.name, stage="check")
+            model = check_model(spec, problems)
+            if model is not None:
+                prepared.append(model)
+        if problems:
+            self.emit("problems", problems=problems)
+            return
+        misses = [m for m in map(self.export_and_look_up, prepared) if m is not None]
+        self.compile(misses)
+        if not self.failed:
+            self.write_manifest({s.name: self.entries[s.name] for s in specs})
+        self.emit("done", torch=_torch_version(), built=list(self.entries), failed=list(self.failed))
+
+    # -- export, key, cache ---------------------------------------------------------------
+
+    def export_and_look_up(self, model: Prepared) -> Miss | None:
+        from hatch_aoti.backends import aoti
+        from hatch_aoti.cpu_targets import resolve
+        from hatch_aoti.fingerprint import cache_key
+
+        spec, start = model.spec, time.perf_counter()
+        self.emit("stage", model=spec.name, stage="export")
+        try:
+            exported = self.export(model)
+        except ModelFailure as exc:
+            self.fail(spec.name, exc.stage, str(exc))
+            return None
+        target = resolve(spec.cpu_target)
+        configs = aoti.inductor_configs(model.user_configs, target)
+        key = cache_key(exported, spec, model.plan, configs)
+        record = self.look_up(spec.name, key)
+        if record is not None:
+            self.entries[spec.name] = record["entry"]
+            self.emit("cached", model=spec.name, seconds=time.perf_counter() - start,
+                      check=_summary(record["entry"]["verification"], record.get("errors")))  # fmt: skip
+            return None
+        entry = {
+            "call": aoti.describe_call(exported, model.plan.axis_names),
+            "device": spec.device,
+            "inputs": model.plan.description,
+            "dynamic": {name: {"min": lo, "max": hi} for name, (lo, hi) in model.plan.dims.items()},
+            "inductor_configs": configs,
+            "cpu": {"target": target.name, "arch": target.arch, "features": list(target.features)},
+        }
+        return Miss(model, exported, key, entry)
+
+    @staticmethod
+    def export(model: Prepared) -> Any:
+        import torch
+
+        args, kwargs = model.plan.export_sample
+        try:
+            return torch.export.export(model.module, args, kwargs, dynamic_shapes=model.plan.dynamic_shapes)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
+
+    def look_up(self, name: str, key: str) -> dict[str, Any] | None:
+        if self.cache is None:
+            return None
+        try:
+            return self.cache.lookup(key, self.artifacts / name)
+        except OSError as exc:  # an unreadable cache is a miss, not a failed build
+            self.emit("warning", message=f"{name}: could not read the compile cache ({exc})")
+            return None
+
+    # -- compile, verify, store -----------------------------------------------------------
+
+    def compile(self, misses: list[Miss]) -> None:
+        by_name = {m.name: m for m in misses}
+        here, *away = shares(list(by_name), self.job["jobs"])
+        tasks: list[list[Task]] = []
+        for group in away:
+            saved = [t for t in (self.task_for(by_name[name]) for name in group) if t is not None]
+            here += [name for name in group if name not in {t.model for t in saved}]
+            if saved:
+                tasks.append(saved)
+        if tasks:
+            self.emit("info", message=f"{len(misses)} models to compile: {len(tasks) + 1} processes in parallel")
+        helpers = Helpers(self.stage, {k: self.job[k] for k in ("sys_path", "cache", "cwd")})
+        try:
+            helpers.start(tasks)
+            for name in here:
+                self.finish(by_name[name], self.compile_here(by_name[name]))
+            for outcome in helpers.outcomes():
+                self.finish(by_name[outcome.model], outcome)
+        finally:
+            helpers.end()
+
+    def task_for(self, miss: Miss) -> Task | None:
+        """The miss as a helper's task: its program saved to disk; ``None`` if it cannot be saved."""
+        import torch
+
+        program = self.stage / "programs" / f"{miss.name}.pt2"
+        program.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.export.save(miss.exported, program)
+        except Exception:  # noqa: BLE001 - not serialisable: compiled here instead
+            return None
+        modules = [miss.model.spec.factory.partition(":")[0]]
+        return Task(miss.name, str(program), str(self.artifacts / miss.name), miss.entry["inductor_configs"], modules)
+
+    def compile_here(self, miss: Miss) -> Outcome:
+        from hatch_aoti.backends import aoti
+
+        self.emit("stage", model=miss.name, stage="compile")
+        start = time.perf_counter()
+        try:
+            work = self.stage / "work"
+            work.mkdir(exist_ok=True)
+            files = aoti.compile_program(miss.exported, self.artifacts / miss.name, miss.entry["inductor_configs"], work)
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(miss.name, error=f"AOTInductor failed: {type(exc).__name__}: {exc}")
+        return Outcome(miss.name, files=files, seconds=time.perf_counter() - start)
+
+    def finish(self, miss: Miss, outcome: Outcome) -> None:
+        """Verify a compiled model, and keep it (staged and cached) once it passes."""
+        if outcome.error is not None:
+            self.fail(miss.name, "compile", outcome.error)
+            return
+        entry = {**outcome.files, **miss.entry}
+        self.emit("stage", model=miss.name, stage="verify")
+        start = time.perf_counter()
+        try:
+            entry["verification"], errors = self.verify(miss, entry)
+        except ModelFailure as exc:
+            self.fail(miss.name, "verify", str(exc))
+            return
+        self.entries[miss.name] = entry
+        self.emit("compiled", model=miss.name, seconds=outcome.seconds + time.perf_counter() - start,
+                  check=_summary(entry["verification"], errors))  # fmt: skip
+        if self.cache is not None:
+            self.emit("stage", model=miss.name, stage="store")
+            try:
+                self.cache.store(miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
+            except OSError as exc:  # a read-only or full cache must not fail the build
+                self.emit("warning", message=f"{miss.name}: could not write the compile cache ({exc})")
+
+    def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
+        from hatch_aoti.verify import VerificationFailed, verify_model
+
+        spec = miss.model.spec
+        if not spec.verify:
+            return {"passed": None, "skipped": "verify = false"}, None
+        loader = self.staged_loader({spec.name: entry})
+        try:
+            compiled = loader.load(spec.name)
+            return verify_model(miss.model.module, miss.model.plan, compiled, spec.rtol, spec.atol)
+        except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
+            raise ModelFailure("verify", str(exc)) from None
+
+    def fail(self, name: str, stage: str, message: str) -> None:
+        self.failed[name] = stage
+        self.emit("failed", model=name, stage=stage, message=message)
+
+    # -- the staged package ---------------------------------------------------------------
+
+    def write_manifest(self, models: dict[str, dict[str, Any]]) -> None:
+        from hatch_aoti import __version__
+        from hatch_aoti.artifacts import write_loader
+
+        write_loader(self.package, self.job["loader"], {"hatch_aoti": __version__, "torch": _torch_version(),
+                                                        "models": models})  # fmt: skip
+
+    def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
+        """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
+        self.write_manifest(models)
+        path = self.package / f"{self.job['loader']}.py"
+        spec = importlib.util.spec_from_file_location(f"_hatch_aoti_staged_{len(self.entries)}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _summary(report: dict[str, Any] | None, errors: dict[str, float] | None) -> str:
+    if not report or report.get("passed") is None:
+        return "not verified (verify = false)"
+    text = f"verified against eager on {len(report.get('tried', []))} input set(s)"
+    return f"{text}, max abs err {errors['max_abs_err']:.2g}" if errors else text
+
+
+def run(job: dict[str, Any], parent: Parent) -> int:
+    setup(job)
+    Coordinator(job, parent).run([ModelSpec.from_json(m) for m in job["models"]])
+    return 0
+
+
+if __name__ == "__main__":
+    from hatch_aoti.children import child_main
+
+    child_main(run)

@@ -1,0 +1,266 @@
+"""The build, whatever the build system: settings and a project in, a staged package out.
+
+Front ends (``frontends/``) call :func:`build`. It runs the coordinator process (torch is
+never imported into the build backend), turns its events into progress lines, and returns
+the staged loader and artifacts with the wheel's platform tag and torch requirement. A
+failure raises :class:`ConfigError` or :class:`BuildFailed` with the whole story.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.children import Child, watch
+from hatch_aoti.config import ConfigError, Settings
+from hatch_aoti.owned import OwnedDir, sweep
+
+ENV_JOBS = "HATCH_AOTI_JOBS"
+
+
+class BuildFailed(Exception):
+    """A build error whose message is complete; shown without a traceback."""
+
+
+@dataclass
+class Reporter:
+    """Where progress goes: each front end passes its own output functions."""
+
+    info: Callable[[str], None] = print
+    success: Callable[[str], None] = print
+    warning: Callable[[str], None] = print
+
+
+@dataclass
+class Project:
+    root: Path
+    """The project directory: the coordinator runs there."""
+    import_paths: list[str]
+    """Where the project's packages import from (``src/`` layouts included)."""
+
+
+@dataclass
+class Staged:
+    """What a front end puts in the wheel."""
+
+    package: Path
+    """``<loader>.py`` and ``_aoti/``, to go into the target package."""
+    torch_requirement: str
+    platform_tag: str | None
+    """``manylinux_2_X_<arch>`` (or ``linux_<arch>``); ``None`` for editable installs, which are not tagged here."""
+
+
+# -- staging ----------------------------------------------------------------------------
+
+
+def _stage_prefix(root: Path) -> str:
+    return f"hatch-aoti-{hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:12]}-"
+
+
+def open_stage(root: Path) -> OwnedDir:
+    """A private staging directory for one build of the project at ``root``.
+
+    It lives in the temp dir, locked while its build runs; leftovers of this project's
+    killed builds are removed first.
+    """
+    clean_stages(root)
+    return OwnedDir.create(Path(tempfile.gettempdir()), _stage_prefix(root))
+
+
+def clean_stages(root: Path) -> list[Path]:
+    """Remove staging left by builds of this project that are no longer running."""
+    return sweep(Path(tempfile.gettempdir()), _stage_prefix(root))
+
+
+# -- the build --------------------------------------------------------------------------
+
+
+def build(settings: Settings, project: Project, stage: Path, report: Reporter, *, editable: bool = False) -> Staged:
+    """Check, export, compile and verify every model into ``stage/package``."""
+    from hatch_aoti import platform_tag as tagging
+
+    torch_version = build_torch_version()
+    requirement = torch_requirement(settings, torch_version)
+    jobs = jobs_from_env()
+    cache = usable_cache(report)
+    count = len(settings.models)
+    where = f"cache: {cache}" if cache else "cache disabled"
+    report.info(f"aoti: building {count} model{'s' if count != 1 else ''} with AOTInductor ({where})")
+    preparing = threading.Thread(target=tagging.prepare, name="hatch-aoti-tagging", daemon=True)
+    preparing.start()  # loads the tagging tables while the coordinator works
+    job = {
+        "models": [m.to_json() for m in settings.models],
+        "stage": str(stage),
+        "loader": settings.loader,
+        "sys_path": project.import_paths,
+        "cwd": str(project.root),
+        "cache": str(cache) if cache else None,
+        "jobs": jobs,
+    }
+    Coordination(job, stage, settings, report).run()
+    preparing.join()
+    package = stage / "package"
+    tag = None if editable else _tag(package)
+    if tag is not None and tag[1]:
+        report.warning(f"aoti: tagging the wheel {tag[0]}: {tag[1]}")
+    return Staged(package, requirement, tag[0] if tag else None)
+
+
+def build_torch_version() -> str:
+    """The version of the torch that will compile the models, read without importing it."""
+    if importlib.util.find_spec("torch") is None:
+        raise BuildFailed(
+            "torch is not installed in the build environment; add it to `[build-system] requires` "
+            'in pyproject.toml, e.g. requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]'
+        )
+    return importlib.metadata.version("torch")
+
+
+def torch_requirement(settings: Settings, torch_version: str) -> str:
+    """``Requires-Dist`` for torch: the user's, if it allows the build's torch, else ``torch==X.Y.*``."""
+    from hatch_aoti.platform_tag import torch_requirement as series
+    from packaging.requirements import Requirement
+
+    if settings.torch_requirement is None:
+        return series(torch_version)
+    if not Requirement(settings.torch_requirement).specifier.contains(torch_version, prereleases=True):
+        raise ConfigError([(f"{settings.table}.torch-requirement",
+                            f"{settings.torch_requirement!r} does not allow the torch in the build environment "
+                            f"({torch_version}); the wheel would ask for a torch its models were not compiled "
+                            "for. Change it, or the torch in `[build-system] requires`")])  # fmt: skip
+    return settings.torch_requirement
+
+
+def jobs_from_env() -> int:
+    raw = os.environ.get(ENV_JOBS, "")
+    if raw.strip():
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise BuildFailed(f"{ENV_JOBS} must be a whole number >= 1, not {raw!r}")
+        return value
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def usable_cache(report: Reporter) -> Path | None:
+    """The compile cache's root, or ``None`` if disabled or not to be trusted (with a warning)."""
+    from hatch_aoti import cache
+
+    store = cache.from_env()
+    if store is None:
+        return None
+    why = cache.untrusted(store.root)
+    if why is not None:
+        report.warning(f"aoti: not using the compile cache at {store.root}: {why}. Whoever can write there can "
+                       f"put code into the wheels built from it; fix this or set {cache.ENV_DIR}")  # fmt: skip
+        return None
+    return store.root
+
+
+def _tag(package: Path) -> tuple[str, str | None]:
+    from elftools.common.exceptions import ELFError
+
+    from hatch_aoti import platform_tag as tagging
+    from hatch_aoti.artifacts import ARTIFACT_DIR
+
+    libraries = sorted((package / ARTIFACT_DIR).rglob("*.so"))
+    try:
+        return tagging.platform_tag(libraries, _torch_lib_dir())
+    except (tagging.TagError, ELFError, OSError) as exc:
+        raise BuildFailed(f"cannot tag the wheel from its compiled libraries: {exc}") from None
+
+
+def _torch_lib_dir() -> Path:
+    """``torch/lib`` of the build environment's torch, found without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) / "lib" if locations else Path("/nonexistent")
+
+
+# -- the coordinator, seen from here --------------------------------------------------------
+
+
+@dataclass
+class Coordination:
+    """One run of the coordinator process: its events as progress, its end as a result."""
+
+    job: dict[str, Any]
+    stage: Path
+    settings: Settings
+    report: Reporter
+    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "hatch_aoti.coordinator"])
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+    doing: str = "starting"
+    done: bool = False
+
+    def run(self) -> None:
+        job_file = self.stage / "job.json"
+        job_file.write_text(json.dumps(self.job), encoding="utf-8")
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(self.stage / "inductor")}
+        child = Child.start("coordinator", [*self.argv, str(job_file)], cwd=self.job["cwd"],
+                            log=self.stage / "coordinator.log", env=env)  # fmt: skip
+        try:
+            for _, event in watch([child]):
+                if event is not None:
+                    self.on_event(event)
+        finally:
+            child.end()
+        self.raise_for(child)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind, name = event.pop("event"), event.get("model")
+        if kind == "stage":
+            self.doing = f"{_DOING[event['stage']]} model {name!r}"
+        elif kind == "cached":
+            self.report.success(f"aoti: {name}: from cache in {event['seconds']:.1f}s, {event['check']}")
+        elif kind == "compiled":
+            self.report.success(f"aoti: {name}: compiled in {event['seconds']:.1f}s, {event['check']}")
+        elif kind == "failed":
+            path = self._model_path(name)
+            self.failures[name] = f"model {name!r} ({path}) failed at {event['stage']}: {event['message']}"
+            self.report.warning(f"aoti: {name}: failed at {event['stage']}")
+        elif kind == "problems":
+            self.problems = [tuple(p) for p in event["problems"]]
+        elif kind == "warning":
+            self.report.warning(f"aoti: warning: {event['message']}")
+        elif kind == "info":
+            self.report.info(f"aoti: {event['message']}")
+        elif kind == "done":
+            self.done = True
+
+    def raise_for(self, child: Child) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+        if self.failures:
+            if len(self.failures) == 1:
+                raise BuildFailed(next(iter(self.failures.values())))
+            built = len(self.settings.models) - len(self.failures)
+            kept = f"; the other {built} were built and cached" if built else ""
+            lines = "\n".join(f"  - {message}" for message in self.failures.values())
+            raise BuildFailed(f"{len(self.failures)} models failed{kept}:\n{lines}")
+        if not self.done:
+            raise BuildFailed(f"the build coordinator {child.how_it_ended()} while {self.doing}; "
+                              f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+
+    def _model_path(self, name: str) -> str:
+        return next((m.path for m in self.settings.models if m.name == name), f"{self.settings.table}.models.{name}")
+
+
+_DOING = {"check": "checking", "export": "exporting", "compile": "compiling", "verify": "verifying",
+          "store": "caching"}  # fmt: skip

@@ -1,0 +1,127 @@
+"""Compile helpers: processes that compile saved exported programs for the coordinator.
+
+The coordinator keeps one share of the cache misses and hands each other share to a
+helper started for it (``python -m hatch_aoti.pool JOB``). A helper never runs the
+project's code beyond importing the factories' modules (custom ops register there): it
+loads each program, compiles it, reports it, and exits. A helper that dies fails the
+models it had not reported, and only those.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.children import Child, Parent, watch
+
+
+@dataclass
+class Task:
+    """One model for a helper to compile."""
+
+    model: str
+    program: str
+    """A saved ExportedProgram (``torch.export.save``)."""
+    out: str
+    """Directory that receives the unpacked artifact."""
+    configs: dict[str, Any]
+    modules: list[str]
+
+
+@dataclass
+class Outcome:
+    """What became of one task: the artifact's file fields, or why there is none."""
+
+    model: str
+    files: dict[str, Any] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def shares(names: list[str], jobs: int) -> list[list[str]]:
+    """Split the misses into at most ``jobs`` shares, round-robin; the first is the coordinator's."""
+    count = max(1, min(jobs, len(names)))
+    return [names[i::count] for i in range(count)]
+
+
+class Helpers:
+    """The helpers of one build, from their start to the last outcome."""
+
+    def __init__(self, stage: Path, job: dict[str, Any], argv: list[str] | None = None) -> None:
+        self._stage, self._job = stage, job
+        self._argv = argv or [sys.executable, "-m", "hatch_aoti.pool"]
+        self._children: dict[int, tuple[Child, list[str]]] = {}
+
+    def start(self, groups: list[list[Task]]) -> None:
+        import json
+        import os
+
+        for group in groups:
+            index = len(self._children) + 1
+            home = self._stage / f"helper-{index}"
+            home.mkdir(parents=True)
+            job = {**self._job, "tasks": [asdict(t) for t in group], "work": str(home)}
+            (home / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor")}
+            child = Child.start(f"compile helper {index}", [*self._argv, str(home / "job.json")],
+                                cwd=self._job.get("cwd", "."), log=home / "helper.log", env=env)  # fmt: skip
+            self._children[child.events] = (child, [t.model for t in group])
+
+    def outcomes(self) -> Iterator[Outcome]:
+        """Each task's outcome as it arrives; a dead helper's unreported tasks fail with its log."""
+        pending = {fd: list(models) for fd, (_, models) in self._children.items()}
+        try:
+            for child, event in watch([c for c, _ in self._children.values()]):
+                if event is None:
+                    left = pending.pop(child.events, [])
+                    if left:
+                        why = (f"the {child.name} compiling {', '.join(left)} {child.how_it_ended()}; "
+                               f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+                        yield from (Outcome(model, error=why) for model in left)
+                    continue
+                kind = event.pop("event")
+                if kind in ("compiled", "failed"):
+                    pending[child.events].remove(event["model"])
+                    yield Outcome(**event)
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        for child, _ in self._children.values():
+            child.end()
+
+
+def run(job: dict[str, Any], parent: Parent) -> int:
+    """The helper process: compile each task's program and report it."""
+    from hatch_aoti.coordinator import setup
+
+    setup(job)
+    import importlib
+
+    import torch
+
+    from hatch_aoti.backends import aoti
+
+    for raw in job["tasks"]:
+        task = Task(**raw)
+        start = time.perf_counter()
+        try:
+            for module in task.modules:
+                importlib.import_module(module)
+            exported = torch.export.load(task.program)
+            files = aoti.compile_program(exported, Path(task.out), task.configs, Path(job["work"]))
+        except Exception as exc:  # noqa: BLE001 - reported against the model
+            parent.emit("failed", model=task.model, error=f"AOTInductor failed: {type(exc).__name__}: {exc}")
+            continue
+        parent.emit("compiled", model=task.model, files=files, seconds=time.perf_counter() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    from hatch_aoti.children import child_main
+
+    child_main(run)

@@ -1,0 +1,55 @@
+"""Checks that need torch but no compiling: Inductor settings, tagging failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hatch_aoti.checks import inductor_settings
+from hatch_aoti.pipeline import BuildFailed, _tag
+
+P = "tool.x.models.m.inductor-configs"
+
+
+def test_nested_tables_are_read_as_dotted_names() -> None:
+    problems: list[tuple[str, str]] = []
+    written = {"aot_inductor": {"enable_line_tables": True}, "cpp.simdlen": 256, "max_autotune": False}
+    assert inductor_settings(written, P, problems) == {
+        "aot_inductor.enable_line_tables": True, "cpp.simdlen": 256, "max_autotune": False,
+    }  # fmt: skip
+    assert problems == []
+
+
+def test_settings_that_take_a_table_keep_it() -> None:
+    problems: list[tuple[str, str]] = []
+    assert inductor_settings({"post_grad_fusion_options": {}}, P, problems) == {"post_grad_fusion_options": {}}
+    assert problems == []
+
+
+def test_unknown_settings_are_refused_with_a_suggestion() -> None:
+    problems: list[tuple[str, str]] = []
+    assert inductor_settings({"max_autotun": True, "aot_inductor": {"enable_line_table": True}}, P, problems) is None
+    found = dict(problems)
+    assert "did you mean `max_autotune`?" in found[f"{P}.max_autotun"]
+    assert "is not an Inductor setting of torch 2." in found[f"{P}.aot_inductor.enable_line_table"]
+    assert "did you mean `aot_inductor.enable_line_tables`?" in found[f"{P}.aot_inductor.enable_line_table"]
+
+
+def test_libraries_that_cannot_be_tagged_fail_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_aoti import platform_tag
+
+    library = tmp_path / "_aoti" / "m" / "model.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF" + b"\x00" * 12)  # an ELF header cut short
+    with pytest.raises(BuildFailed, match="cannot tag the wheel from its compiled libraries"):
+        _tag(tmp_path)
+
+    def unknown_machine(*args: object) -> None:
+        raise platform_tag.TagError("model.so: unsupported ELF machine EM_RISCV")
+
+    monkeypatch.setattr(platform_tag, "platform_tag", unknown_machine)
+    with pytest.raises(BuildFailed, match="unsupported ELF machine EM_RISCV"):
+        _tag(tmp_path)

@@ -1,0 +1,193 @@
+"""Property-based tests: malformed tables and random calls never escape as anything but clear errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.cpu_targets import X86_64_V4
+
+VALID: dict[str, Any] = {
+    "package": "pkg",
+    "loader": "compiled",
+    "torch-requirement": "torch>=2.13",
+    "cpu-target": "x86-64-v3",
+    "models": {
+        "mlp": {
+            "factory": "pkg.models:mlp",
+            "inputs": [{"shape": ["batch", 8], "dtype": "float32", "low": 0, "high": 1}],
+            "kwargs": {"mask": {"shape": ["batch", 8], "dtype": "bool", "device": "cpu"}},
+            "dynamic": {"batch": {"min": 1, "max": 8}},
+            "device": "cpu",
+            "inductor-configs": {"max_autotune": False},
+            "rtol": 1e-4,
+            "atol": 1e-5,
+            "verify": True,
+            "cpu-target": "x86-64-v3",
+        },
+        "tok": {"factory": "pkg.models:tok", "example-inputs": "pkg.models:samples", "dynamic": {"batch": {}}},
+    },
+}
+
+# What tomllib can hand us: strings, integers, floats (inf and nan too), booleans, dates and
+# times, arrays and tables.
+scalars = st.one_of(
+    st.text(max_size=12), st.integers(-(2**63), 2**63 - 1), st.floats(), st.booleans(),
+    st.datetimes(), st.dates(), st.times(),
+    st.sampled_from(["float32", "bool", "cpu", "cuda:1", "native", "x86-64-v4", "a:b", "batch", "", "torch"]),
+)  # fmt: skip
+toml_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a table, as keys and indices."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out += paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            out += paths(value, (*prefix, index))
+    return out
+
+
+def _at(table: Any, where: tuple[Any, ...]) -> Any:
+    for part in where:
+        table = table[part]
+    return table
+
+
+def toml_path(where: tuple[Any, ...]) -> str:
+    return HOOK_PATH + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
+
+
+def related(problem: str, mutated: str) -> bool:
+    """The problem is about the mutated place, what contains it, what it contains, or its model."""
+    if problem == mutated or problem.startswith((f"{mutated}.", f"{mutated}[")) or mutated.startswith(problem):
+        return True
+    model = f"{HOOK_PATH}.models."
+    if mutated.startswith(model) and problem.startswith(model):
+        return mutated[len(model):].split(".")[0] == problem[len(model):].split(".")[0]
+    return False
+
+
+def check_table(table: dict[str, Any], mutated: str) -> None:
+    try:
+        parse_settings(table, machine="x86_64", flags=set(X86_64_V4))
+    except ConfigError as exc:
+        assert exc.problems, "a ConfigError lists its problems"
+        for path, message in exc.problems:
+            assert isinstance(path, str) and isinstance(message, str) and message
+        assert any(related(path, mutated) for path, _ in exc.problems), (mutated, exc.problems)
+        assert str(exc).startswith("hatch-aoti found")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(where=st.sampled_from(paths(VALID)), value=toml_values)
+def test_any_value_anywhere_is_accepted_or_named(where: tuple[Any, ...], value: Any) -> None:
+    table = copy.deepcopy(VALID)
+    _at(table, where[:-1])[where[-1]] = value
+    check_table(table, toml_path(where))
+
+
+@settings(max_examples=200, deadline=None)
+@given(where=st.sampled_from([p for p in [(), *paths(VALID)] if isinstance(_at(VALID, p), dict)]),
+       key=st.text(min_size=1, max_size=10), value=toml_values)  # fmt: skip
+def test_any_key_anywhere_is_accepted_or_named(where: tuple[Any, ...], key: str, value: Any) -> None:
+    table = copy.deepcopy(VALID)
+    node = _at(table, where)
+    assume(key not in node)
+    node[key] = value
+    check_table(table, toml_path((*where, key)))
+
+
+# -- random calls to a loaded model ------------------------------------------------------------
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def sample(sample_dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """sample_project's wheel, unpacked and imported here (the loader needs only torch)."""
+    target = tmp_path_factory.mktemp("fuzz-sample")
+    with zipfile.ZipFile(sample_dists[1]) as zf:
+        zf.extractall(target)
+    sys.path.insert(0, str(target))
+    try:
+        from sample_models import compiled, models
+    finally:
+        sys.path.remove(str(target))
+    eager = {"mlp": models.build_mlp(), "classifier": models.build_classifier()}
+    return compiled, eager
+
+
+def tensors(shape: list[int]) -> st.SearchStrategy[Any]:
+    """Tensors whose shape, dtype and device are the expected ones, or close to them."""
+    sizes = st.one_of(
+        st.just(shape),
+        st.lists(st.integers(0, 70), min_size=max(0, len(shape) - 1), max_size=len(shape) + 1),
+        st.builds(lambda i, n: [n if j == i else s for j, s in enumerate(shape)],
+                  st.integers(0, len(shape) - 1), st.integers(0, 70)),
+    )  # fmt: skip
+    dtypes = st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16, torch.int64, torch.bool])
+    devices = st.sampled_from(["cpu", "cpu", "cpu", "meta"])
+
+    def make(size: list[int], dtype: Any, device: str) -> Any:
+        return (torch.rand(size) * 4 - 2).to(dtype).to(device)
+
+    return st.builds(make, sizes, dtypes, devices)
+
+
+def not_tensors() -> st.SearchStrategy[Any]:
+    import numpy
+
+    arrays = st.builds(lambda n: numpy.zeros((4, n), dtype=numpy.float32), st.integers(0, 130))
+    return st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=3), st.lists(st.floats(), max_size=3),
+                     arrays)  # fmt: skip
+
+
+def calls(shape: list[int]) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str, Any]]]:
+    argument = st.one_of(tensors(shape), tensors(shape), not_tensors())
+    args = st.lists(argument, max_size=3).map(tuple)
+    kwargs = st.dictionaries(st.sampled_from(["x", "images", "input", "scale"]), argument, max_size=2)
+    return st.one_of(st.tuples(st.tuples(tensors(shape)), st.just({})), st.tuples(args, kwargs))
+
+
+def matches_eager(model: Any, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Call the compiled model: it either raises TypeError/ValueError, or agrees with eager."""
+    try:
+        with torch.inference_mode():
+            got = model(*args, **kwargs)
+    except (TypeError, ValueError):
+        return
+    with torch.inference_mode():
+        want = eager(*args, **kwargs)
+    got_leaves, want_leaves = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-5) or not math.isfinite(float(w.abs().max()))
+
+
+@pytest.mark.integration
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_calls_match_eager_or_raise_type_or_value_errors(sample: Any, data: st.DataObject) -> None:
+    compiled, eager = sample
+    name = data.draw(st.sampled_from(["mlp", "classifier"]))
+    shape = [4, 128] if name == "mlp" else [data.draw(st.integers(1, 64)), 3, 16, 16]
+    args, kwargs = data.draw(calls(shape))
+    matches_eager(compiled.load(name), eager[name], args, kwargs)
