@@ -101,7 +101,10 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
 def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:
     """Write ``<loader>.py`` and ``_aoti/manifest.json`` into a staged package directory."""
     (package_dir / ARTIFACT_DIR).mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=2, sort_keys=False) + "\n"
+    # Models stay in declaration order (``names()``); everything else is sorted, so an
+    # entry reads the same whether it was just compiled or came from the cache.
+    models = {name: json.loads(json.dumps(entry, sort_keys=True)) for name, entry in manifest["models"].items()}
+    text = json.dumps({"format": MANIFEST_FORMAT, **manifest, "models": models}, indent=2) + "\n"
     (package_dir / ARTIFACT_DIR / MANIFEST).write_text(text, encoding="utf-8")
     shutil.copyfile(template_path(), package_dir / f"{loader}.py")
     for written in (package_dir / ARTIFACT_DIR / MANIFEST, package_dir / f"{loader}.py"):

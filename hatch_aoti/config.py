@@ -511,7 +511,7 @@ HookSettings = Settings
 
 
 def parse_settings(
-    raw: dict[str, Any], table: str = HATCH_TABLE, machine: str | None = None, flags: set[str] | None = None
+    raw: Any, table: str = HATCH_TABLE, machine: str | None = None, flags: set[str] | None = None
 ) -> Settings:
     """Validate the table; raise :class:`ConfigError` listing every problem.
 
@@ -524,7 +524,8 @@ def parse_settings(
     parsed: Table | None = read(Table, raw, table, problems)
     machine = machine or os.uname().machine
     default = default_target(machine)
-    targets = _target_problems(raw, table, machine, host_flags() if flags is None else flags, default, problems)
+    table_raw = raw if isinstance(raw, dict) else {}
+    targets = _target_problems(table_raw, table, machine, host_flags() if flags is None else flags, default, problems)
     problems.raise_if_any()
     assert parsed is not None
     return Settings(

@@ -97,31 +97,53 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     return Runtime(python)
 
 
+@pytest.fixture(scope="session")
+def dev_venv(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]) -> Path:
+    """A venv with torch for editable installs (each test installs its own project into it)."""
+    root = tmp_path_factory.mktemp("dev-venv")
+    venv.EnvBuilder(with_pip=True).create(root)
+    run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", TORCH_PIN], env=build_env)
+    return root
+
+
 def copy_project(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("dist", "build", "__pycache__", "*.egg-info"))
     return dest
 
 
+#: Where each front end's users write the table.
+TABLES = {"hatch": "tool.hatch.build.targets.wheel.hooks.aoti", "setuptools": "tool.hatch-aoti"}
+BACKENDS = {
+    "hatch": ('"hatchling", "hatch-aoti", "torch==2.13.*"', "hatchling.build"),
+    "setuptools": ('"setuptools>=77", "hatch-aoti", "torch==2.13.*"', "setuptools.build_meta"),
+}
+
+
 def write_project(
-    root: Path, name: str, hook_toml: str, files: dict[str, str], *, requires: str = "", src: bool = False
+    root: Path, name: str, hook_toml: str, files: dict[str, str], *, requires: str = "", src: bool = False,
+    frontend: str = "hatch",
 ) -> Path:
-    """A minimal hatchling project whose package ``name`` (under ``src/`` if asked) holds ``files``."""
-    requires = requires or '"hatchling", "hatch-aoti", "torch==2.13.*"'
+    """A minimal project whose package ``name`` (under ``src/`` if asked) holds ``files``.
+
+    ``hook_toml`` is written with the hatch table's path; a setuptools project gets the
+    same tables under ``[tool.hatch-aoti]``.
+    """
+    default_requires, backend = BACKENDS[frontend]
     package = root / "src" / name if src else root / name
     package.mkdir(parents=True)
     (root / "pyproject.toml").write_text(
         textwrap.dedent(
             f"""\
             [build-system]
-            requires = [{requires}]
-            build-backend = "hatchling.build"
+            requires = [{requires or default_requires}]
+            build-backend = "{backend}"
 
             [project]
             name = "{name.replace('_', '-')}"
             version = "1.0"
             """
         )
-        + textwrap.dedent(hook_toml),
+        + textwrap.dedent(hook_toml).replace(TABLES["hatch"], TABLES[frontend]),
         encoding="utf-8",
     )
     (package / "__init__.py").write_text("", encoding="utf-8")

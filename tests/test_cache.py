@@ -223,10 +223,11 @@ def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime
     That changes of code or inputs change the key is unit-tested (test_keys.py), without compiling.
     """
     build, cache_dir = cached_builds
-    first, _ = build()
+    first, cold = build()
     assert "aoti: net: compiled in" in first
     again, wheel = build()
     assert "aoti: net: from cache in" in again and "compiled in" not in again
+    assert wheel.read_bytes() == cold.read_bytes(), "a wheel from the cache is the wheel that was compiled"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "same") < 1e-6
 
     (library,) = (cache_dir / "v2" / "entries").rglob("*.so")

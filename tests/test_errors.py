@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import build_no_isolation, write_project
+from conftest import TABLES, build_no_isolation, write_project
 
 pytestmark = pytest.mark.integration
 
-M = "tool.hatch.build.targets.wheel.hooks.aoti.models"
+M = f"{TABLES['hatch']}.models"
 
 MODELS = """
     import torch
@@ -69,18 +69,27 @@ MODELS = """
 """
 
 
-def failing_build(tmp_path: Path, hook_toml: str) -> str:
-    project = write_project(tmp_path / "proj", "badpkg", hook_toml, {"models.py": MODELS})
+@pytest.fixture(params=["hatch", "setuptools"])
+def frontend(request: pytest.FixtureRequest) -> str:
+    """Configuration errors read the same through both front ends, each naming its own table."""
+    return request.param
+
+
+def failing_build(tmp_path: Path, hook_toml: str, frontend: str = "hatch") -> str:
+    """Build a project that must fail; the output, with the hatch table's path whatever the front end."""
+    project = write_project(tmp_path / "proj", "badpkg", hook_toml, {"models.py": MODELS}, frontend=frontend)
     out = tmp_path / "out"
     proc = build_no_isolation(project, out, check=False)
     assert proc.returncode != 0, proc.stdout
     assert not out.exists() or not list(out.iterdir()), "a failed build must not leave a wheel behind"
     text = proc.stdout + proc.stderr
     assert "Traceback" not in text, text
-    return text
+    if frontend != "hatch":
+        assert TABLES["hatch"] not in text, "messages name the table the user wrote"
+    return text.replace(TABLES[frontend], TABLES["hatch"])
 
 
-def test_bad_toml_fails_before_compiling_with_all_paths(tmp_path: Path) -> None:
+def test_bad_toml_fails_before_compiling_with_all_paths(tmp_path: Path, frontend: str) -> None:
     text = failing_build(
         tmp_path,
         """
@@ -96,6 +105,7 @@ def test_bad_toml_fails_before_compiling_with_all_paths(tmp_path: Path) -> None:
         inputs = [{ shape = ["n", 4] }]
         dynamic = { n = { min = 8, max = 2 }, m = { max = 3 } }
         """,
+        frontend,
     )
     assert "hatch-aoti found 6 problems" in text
     for fragment in (
@@ -110,7 +120,7 @@ def test_bad_toml_fails_before_compiling_with_all_paths(tmp_path: Path) -> None:
     assert "compiling" not in text
 
 
-def test_factories_and_signatures_are_checked_together(tmp_path: Path) -> None:
+def test_factories_and_signatures_are_checked_together(tmp_path: Path, frontend: str) -> None:
     text = failing_build(
         tmp_path,
         """
@@ -130,6 +140,7 @@ def test_factories_and_signatures_are_checked_together(tmp_path: Path) -> None:
         factory = "badpkg.models:two"
         inputs = [{ shape = [2, 4] }]
         """,
+        frontend,
     )
     assert "hatch-aoti found 4 problems" in text
     assert f"{M}.missing.factory: cannot import 'badpkg.nowhere:build': ModuleNotFoundError" in text
@@ -138,7 +149,7 @@ def test_factories_and_signatures_are_checked_together(tmp_path: Path) -> None:
     assert f"{M}.arity.inputs: do not match Two.forward(a, b)" in text
 
 
-def test_samples_that_cannot_match_forward_are_named_before_export(tmp_path: Path) -> None:
+def test_samples_that_cannot_match_forward_are_named_before_export(tmp_path: Path, frontend: str) -> None:
     text = failing_build(
         tmp_path,
         """
@@ -151,6 +162,7 @@ def test_samples_that_cannot_match_forward_are_named_before_export(tmp_path: Pat
         example-inputs = "badpkg.models:nested_samples"
         dynamic = { batch = { max = 1 } }
         """,
+        frontend,
     )
     assert "hatch-aoti found 2 problems" in text
     message = text.split(f"{M}.nested.example-inputs: ", 1)[1].split("\n  - ", 1)[0]
@@ -172,7 +184,7 @@ def test_export_failure_names_the_model_and_keeps_torch_reason(tmp_path: Path) -
     assert "data-dependent" in text.lower() or "guard" in text.lower()
 
 
-def test_a_crash_is_a_build_error_naming_the_model_with_the_log(tmp_path: Path) -> None:
+def test_a_crash_is_a_build_error_naming_the_model_with_the_log(tmp_path: Path, frontend: str) -> None:
     text = failing_build(
         tmp_path,
         """
@@ -180,6 +192,7 @@ def test_a_crash_is_a_build_error_naming_the_model_with_the_log(tmp_path: Path) 
         factory = "badpkg.models:crash"
         inputs = [{ shape = [2] }]
         """,
+        frontend,
     )
     assert "the build coordinator was killed by signal 11 while checking model 'boom'" in text
     assert "| about to crash" in text

@@ -98,7 +98,8 @@ def kwargs_wheel(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, 
         {"models.py": KWARGS_MODELS},
     )
     out = root / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=build_env, cwd=root)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(root)],
+        env=build_env, cwd=root)  # fmt: skip
     (wheel,) = out.glob("kwpkg-*.whl")
     return wheel
 
@@ -219,26 +220,17 @@ def test_no_isolation_src_layout_with_inferred_dynamic_batch(src_wheel: Path, ru
     assert max(result["errs"].values()) < 1e-5
 
 
-def test_editable_install_loads_compiled_models(
-    src_project: Path, tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]
-) -> None:
-    import venv
-
-    from conftest import TORCH_PIN
-
+def test_editable_install_loads_compiled_models(src_project: Path, dev_venv: Path, build_env: dict[str, str]) -> None:
     before = sorted(p.relative_to(src_project) for p in src_project.rglob("*") if "__pycache__" not in p.parts)
-    root = tmp_path_factory.mktemp("editable-venv")
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(root)
-    python = root / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", TORCH_PIN], env=build_env)
+    python = dev_venv / "bin" / "python"
     run([str(python), "-m", "pip", "install", "-q", "-e", str(src_project)], env=build_env)
     probe = run(
         [str(python), "-c",
          "import torch, srcpkg, srcpkg.aot as aot; from srcpkg.models import build;"
          "t = torch.randint(0, 50, (3, 7));"
          "print(srcpkg.__file__); print((aot.load('tagger')(t) - build()(t)).abs().max().item())"],
-        cwd=root,
-    )
+        cwd=dev_venv,
+    )  # fmt: skip
     package_file, err = probe.stdout.split()
     assert Path(package_file).resolve() == (src_project / "src" / "srcpkg" / "__init__.py").resolve()
     assert float(err) < 1e-5
