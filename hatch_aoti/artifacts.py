@@ -43,6 +43,14 @@ def editable_finder(module: str, file: str) -> str:
     return text.replace("{{module}}", module).replace("{{file}}", file)
 
 
+def write_runtime(package_dir: Path, backend: str, source: Path) -> None:
+    """Ship a backend's run-time module as ``_aoti/runtime/<backend>.py`` (see ``hatch_aoti.backends``)."""
+    dest = package_dir / ARTIFACT_DIR / "runtime" / f"{backend}.py"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, dest)
+    dest.chmod(0o644)
+
+
 def editable_files(package: str, loader: str, staged: Path, stage: Path) -> dict[Path, str]:
     """What an editable install adds to site-packages, by source: the staged package as
     ``_hatch_aoti_<package>/``, and a ``.pth``-imported finder mapping ``<package>.<loader>`` there."""

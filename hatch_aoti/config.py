@@ -294,6 +294,18 @@ def _cpu_target(value: str, path: str, problems: Problems) -> Any:
     return _INVALID
 
 
+def _backend(value: str, path: str, problems: Problems) -> Any:
+    from hatch_aoti.backends import known
+
+    names = known()
+    if value in names:
+        return value
+    close = difflib.get_close_matches(value, names, n=1)
+    hint = f" (did you mean `{close[0]}`?)" if close else ""
+    problems.add(path, f"unknown backend {value!r}{hint}; installed backends: {', '.join(names)}")
+    return _INVALID
+
+
 def _package(value: str, path: str, problems: Problems) -> Any:
     if all(_NAME.match(p) for p in value.split(".")):
         return value
@@ -411,6 +423,8 @@ class ModelTable:
         "`x86-64-v3`, `x86-64-v4`, `armv8-a` or `native` (see [Portable wheels](#portable-wheels))",
         shown="the table's `cpu-target`", check=_cpu_target,
     )  # fmt: skip
+    backend: str | None = key("how the model is compiled and loaded (see [Backends](#backends))",
+                              shown="the table's `backend`", check=_backend)  # fmt: skip
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
         # A key with problems of its own still counts as given.
@@ -446,6 +460,8 @@ class Table:
     )  # fmt: skip
     cpu_target: str | None = key("default [CPU target](#portable-wheels) of the models",
                                  shown="`x86-64-v3` on x86-64", check=_cpu_target)  # fmt: skip
+    backend: str = key("default [backend](#backends) of the models: `aoti`, `precompile` or an installed one",
+                       default="aoti", check=_backend)  # fmt: skip
     models: dict[str, ModelTable] = key(
         "one table per model; `<name>` must be a Python identifier",
         required="declare at least one [..models.<name>] table", check=_some_models, factory=dict,
@@ -473,6 +489,8 @@ class ModelSpec:
     verify: bool = True
     cpu_target: str = "native"
     """The model's own, the table's, or the machine's default."""
+    backend: str = "aoti"
+    """The model's own, or the table's."""
     path: str = ""
     """Full TOML path of the model's table, for messages."""
 
@@ -529,7 +547,7 @@ def parse_settings(
     problems.raise_if_any()
     assert parsed is not None
     return Settings(
-        models=tuple(_spec(name, model, targets[name], f"{table}.models.{name}")
+        models=tuple(_spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}")
                      for name, model in parsed.models.items()),
         package=parsed.package,
         loader=parsed.loader,
@@ -539,12 +557,12 @@ def parse_settings(
     )  # fmt: skip
 
 
-def _spec(name: str, model: ModelTable, target: str, path: str) -> ModelSpec:
+def _spec(name: str, model: ModelTable, target: str, backend: str, path: str) -> ModelSpec:
     return ModelSpec(
         name=name, factory=model.factory, inputs=model.inputs, kwargs=dict(model.kwargs),
         example_inputs=model.example_inputs, dynamic=dict(model.dynamic), device=model.device,
         inductor_configs=dict(model.inductor_configs), rtol=model.rtol, atol=model.atol, verify=model.verify,
-        cpu_target=target, path=path,
+        cpu_target=target, backend=backend, path=path,
     )  # fmt: skip
 
 

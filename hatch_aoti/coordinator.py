@@ -68,8 +68,8 @@ def preload_torch() -> None:
 class Miss:
     """A model that was exported and keyed but is not in the cache."""
 
-    def __init__(self, model: Prepared, exported: Any, key: str, entry: dict[str, Any]) -> None:
-        self.model, self.exported, self.key, self.entry = model, exported, key, entry
+    def __init__(self, model: Prepared, exported: Any, key: str, entry: dict[str, Any], backend: Any) -> None:
+        self.model, self.exported, self.key, self.entry, self.backend = model, exported, key, entry, backend
 
     @property
     def name(self) -> str:
@@ -109,9 +109,10 @@ class Coordinator:
     # -- export, key, cache ---------------------------------------------------------------
 
     def export_and_look_up(self, model: Prepared) -> Miss | None:
-        from hatch_aoti.backends import aoti
+        from hatch_aoti import backends
         from hatch_aoti.cpu_targets import resolve
         from hatch_aoti.fingerprint import cache_key
+        from hatch_aoti.inputs import call_spec, describe_call
 
         spec, start = model.spec, time.perf_counter()
         self.emit("stage", model=spec.name, stage="export")
@@ -120,9 +121,10 @@ class Coordinator:
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
             return None
+        backend = backends.get(spec.backend)
         target = resolve(spec.cpu_target)
-        configs = aoti.inductor_configs(model.user_configs, target)
-        key = cache_key(exported, spec, model.plan, configs)
+        settings = backend.settings(model.user_configs, target)
+        key = cache_key(exported, spec, model.plan, settings, backend.key())
         record = self.look_up(spec.name, key)
         if record is not None:
             self.entries[spec.name] = record["entry"]
@@ -130,14 +132,16 @@ class Coordinator:
                       check=_summary(record["entry"]["verification"], record.get("errors")))  # fmt: skip
             return None
         entry = {
-            "call": aoti.describe_call(exported, model.plan.axis_names),
+            "backend": spec.backend,
+            "call": describe_call(exported, model.plan.axis_names),
+            "call_spec": call_spec(exported),
             "device": spec.device,
             "inputs": model.plan.description,
             "dynamic": {name: {"min": lo, "max": hi} for name, (lo, hi) in model.plan.dims.items()},
-            "inductor_configs": configs,
+            "inductor_configs": settings,
             "cpu": {"target": target.name, "arch": target.arch, "features": list(target.features)},
         }
-        return Miss(model, exported, key, entry)
+        return Miss(model, exported, key, entry, backend)
 
     @staticmethod
     def export(model: Prepared) -> Any:
@@ -161,8 +165,10 @@ class Coordinator:
     # -- compile, verify, store -----------------------------------------------------------
 
     def compile(self, misses: list[Miss]) -> None:
+        """One share here, the others in compile helpers; models whose backend needs the eager module stay here."""
         by_name = {m.name: m for m in misses}
-        here, *away = shares(list(by_name), self.job["jobs"])
+        here, *away = shares([m.name for m in misses if m.backend.in_helpers], self.job["jobs"])
+        here += [m.name for m in misses if not m.backend.in_helpers]
         tasks: list[list[Task]] = []
         for group in away:
             saved = [t for t in (self.task_for(by_name[name]) for name in group) if t is not None]
@@ -192,20 +198,44 @@ class Coordinator:
         except Exception:  # noqa: BLE001 - not serialisable: compiled here instead
             return None
         modules = [miss.model.spec.factory.partition(":")[0]]
-        return Task(miss.name, str(program), str(self.artifacts / miss.name), miss.entry["inductor_configs"], modules)
+        return Task(miss.name, miss.model.spec.backend, str(program), str(self.artifacts / miss.name),
+                    miss.entry["inductor_configs"], modules)  # fmt: skip
 
     def compile_here(self, miss: Miss) -> Outcome:
-        from hatch_aoti.backends import aoti
+        from hatch_aoti.backends import Request
 
         self.emit("stage", model=miss.name, stage="compile")
         start = time.perf_counter()
+        work = self.stage / "work"
+        work.mkdir(exist_ok=True)
+        if not miss.backend.in_helpers:
+            self.import_loader_as_installed()
+        request = Request(miss.name, miss.exported, miss.entry["inductor_configs"], self.artifacts / miss.name, work,
+                          module=miss.model.module, plan=miss.model.plan, loader=self.loader_name,
+                          factory=miss.model.spec.factory)  # fmt: skip
         try:
-            work = self.stage / "work"
-            work.mkdir(exist_ok=True)
-            files = aoti.compile_program(miss.exported, self.artifacts / miss.name, miss.entry["inductor_configs"], work)
+            files = miss.backend.compile(request)
         except Exception as exc:  # noqa: BLE001
-            return Outcome(miss.name, error=f"AOTInductor failed: {type(exc).__name__}: {exc}")
+            return Outcome(miss.name, error=f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}")
         return Outcome(miss.name, files=files, seconds=time.perf_counter() - start)
+
+    @property
+    def loader_name(self) -> str:
+        """What the generated loader is called where the wheel is installed."""
+        return f"{self.job['package']}.{self.job['loader']}"
+
+    def import_loader_as_installed(self) -> None:
+        """The staged loader, imported under its installed name: artifacts that refer to its code
+        (precompiled functions) then name a module that exists wherever the wheel goes."""
+        if self.loader_name in sys.modules:
+            return
+        self.write_manifest(self.entries)
+        path = self.package / f"{self.job['loader']}.py"
+        spec = importlib.util.spec_from_file_location(self.loader_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[self.loader_name] = module
+        spec.loader.exec_module(module)
 
     def finish(self, miss: Miss, outcome: Outcome) -> None:
         """Verify a compiled model, and keep it (staged and cached) once it passes."""
@@ -250,11 +280,15 @@ class Coordinator:
     # -- the staged package ---------------------------------------------------------------
 
     def write_manifest(self, models: dict[str, dict[str, Any]]) -> None:
-        from hatch_aoti import __version__
-        from hatch_aoti.artifacts import write_loader
+        from hatch_aoti import __version__, backends
+        from hatch_aoti.artifacts import write_loader, write_runtime
 
         write_loader(self.package, self.job["loader"], {"hatch_aoti": __version__, "torch": _torch_version(),
                                                         "models": models})  # fmt: skip
+        for name in sorted({entry["backend"] for entry in models.values()}):
+            runtime = backends.get(name).runtime
+            if runtime is not None:
+                write_runtime(self.package, name, runtime)
 
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
         """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""

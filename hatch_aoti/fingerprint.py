@@ -128,10 +128,12 @@ def cuda_capability(device: str) -> list[int] | None:
     return list(torch.cuda.get_device_capability(torch.device(device)))
 
 
-def cache_key(exported: Any, spec: Any, plan: Any, inductor_configs: dict[str, Any], backend: str = "aoti") -> str:
-    """The key of one model: ``spec`` is its ModelSpec, ``plan`` its InputPlan."""
+def cache_key(exported: Any, spec: Any, plan: Any, inductor_configs: dict[str, Any],
+              backend_key: dict[str, Any] | None = None) -> str:  # fmt: skip
+    """The key of one model: ``spec`` is its ModelSpec, ``plan`` its InputPlan, ``backend_key`` what its
+    backend adds (:meth:`hatch_aoti.backends.Backend.key`)."""
     parts = {
-        "backend": backend,
+        "backend": [spec.backend, backend_key or {}],
         "program": program_digest(exported),
         "inputs": [plan.description, {n: list(b) for n, b in plan.dims.items()}],
         "checks": [spec.verify, spec.rtol, spec.atol],

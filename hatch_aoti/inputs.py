@@ -279,9 +279,65 @@ def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str,
     return pytree.tree_unflatten(out, spec)
 
 
+def describe_call(exported: Any, axis_names: list[dict[int, str]]) -> list[dict[str, Any]]:
+    """What each flattened input must be, as the exported program has it.
+
+    The loader checks calls against this (AOTInductor itself does not): dtype, device,
+    rank, static sizes, and each dynamic size's range; constants that export baked in
+    must be passed unchanged.
+    """
+    from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
+
+    nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    out: list[dict[str, Any]] = []
+    tensor_index = 0
+    for input_spec in exported.graph_signature.input_specs:
+        if input_spec.kind != InputKind.USER_INPUT:
+            continue
+        arg = input_spec.arg
+        if isinstance(arg, ConstantArgument):
+            value = arg.value
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            out.append({"const": value if plain else repr(value), "check_const": plain})
+            continue
+        if not isinstance(arg, TensorArgument):
+            out.append({"const": repr(arg), "check_const": False})
+            continue
+        fake = nodes[arg.name].meta["val"]
+        names = axis_names[tensor_index] if tensor_index < len(axis_names) else {}
+        tensor_index += 1
+        shape: list[Any] = []
+        for axis, size in enumerate(fake.shape):
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            expr = size.node.expr
+            bounds = exported.range_constraints.get(expr)
+            lo = _finite(bounds.lower) if bounds is not None else None
+            hi = _finite(bounds.upper) if bounds is not None else None
+            shape.append({"name": names.get(axis, str(expr)), "min": lo or 0, "max": hi})
+        out.append({"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape})
+    return out
+
+
+def _finite(value: Any) -> int | None:
+    """An int for a finite sympy bound, ``None`` for torch's (or sympy's) infinities."""
+    try:
+        return int(value)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def call_spec(exported: Any) -> list[str]:
+    """The exported program's input and output tree specs, serialised, for loaders that have no runner to ask."""
+    return [pytree.treespec_dumps(exported.call_spec.in_spec), pytree.treespec_dumps(exported.call_spec.out_spec)]
+
+
 __all__ = [
     "InputError",
     "InputPlan",
+    "call_spec",
+    "describe_call",
     "Sample",
     "default_tolerances",
     "normalise_samples",

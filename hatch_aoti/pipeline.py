@@ -47,6 +47,8 @@ class Project:
     """The project directory: the coordinator runs there."""
     import_paths: list[str]
     """Where the project's packages import from (``src/`` layouts included)."""
+    package: str
+    """The package that receives the loader and the artifacts."""
 
 
 @dataclass
@@ -58,6 +60,12 @@ class Staged:
     torch_requirement: str
     platform_tag: str | None
     """``manylinux_2_X_<arch>`` (or ``linux_<arch>``); ``None`` for editable installs, which are not tagged here."""
+    python_tag: str = "py3"
+    """``py3``, or ``cpXY`` when an artifact is tied to one Python."""
+
+    @property
+    def tag(self) -> str:
+        return f"{self.python_tag}-none-{self.platform_tag}"
 
 
 # -- staging ----------------------------------------------------------------------------
@@ -90,7 +98,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     from hatch_aoti import platform_tag as tagging
 
     torch_version = build_torch_version()
-    requirement = torch_requirement(settings, torch_version)
+    pins = wheel_pins(settings, torch_version)
     jobs = jobs_from_env()
     cache = usable_cache(report)
     count = len(settings.models)
@@ -104,6 +112,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
         "loader": settings.loader,
         "sys_path": project.import_paths,
         "cwd": str(project.root),
+        "package": project.package,
         "cache": str(cache) if cache else None,
         "jobs": jobs,
     }
@@ -113,7 +122,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     tag = None if editable else _tag(package)
     if tag is not None and tag[1]:
         report.warning(f"aoti: tagging the wheel {tag[0]}: {tag[1]}")
-    return Staged(package, requirement, tag[0] if tag else None)
+    return Staged(package, pins.torch, tag[0] if tag else None, pins.python_tag)
 
 
 def build_torch_version() -> str:
@@ -124,6 +133,34 @@ def build_torch_version() -> str:
             'in pyproject.toml, e.g. requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]'
         )
     return importlib.metadata.version("torch")
+
+
+def wheel_pins(settings: Settings, torch_version: str) -> Any:
+    """What the wheel requires (torch, interpreter): the narrowest of its models' backends.
+
+    Also asks each backend about its models first (problems end the build before torch
+    is imported). ``torch-requirement`` replaces a backend's default torch series, never
+    an exact pin, and must allow the build's torch.
+    """
+    from hatch_aoti import backends
+    from hatch_aoti.platform_tag import torch_requirement as series
+
+    used: dict[str, backends.Backend] = {}
+    for name in dict.fromkeys(m.backend for m in settings.models):
+        try:
+            used[name] = backends.get(name)
+        except LookupError as exc:
+            raise BuildFailed(str(exc)) from None
+    problems = [p for m in settings.models for p in used[m.backend].check(m)]
+    if problems:
+        raise ConfigError(problems)
+    user = torch_requirement(settings, torch_version)
+    pins = [used[name].pins(torch_version) for name in used]
+    pins = [backends.Pins(user, p.python_tag) if p.torch == series(torch_version) else p for p in pins]
+    try:
+        return backends.combined_pins(pins)
+    except ValueError as exc:
+        raise BuildFailed(str(exc)) from None
 
 
 def torch_requirement(settings: Settings, torch_version: str) -> str:
@@ -173,12 +210,16 @@ def usable_cache(report: Reporter) -> Path | None:
 
 
 def _tag(package: Path) -> tuple[str, str | None]:
+    """The platform tag from the compiled libraries; without any (no shared library
+    shipped), the platform torch's own wheel was built for: the artifacts run where it does."""
     from elftools.common.exceptions import ELFError
 
     from hatch_aoti import platform_tag as tagging
     from hatch_aoti.artifacts import ARTIFACT_DIR
 
     libraries = sorted((package / ARTIFACT_DIR).rglob("*.so"))
+    if not libraries:
+        return tagging.torch_platform(), None
     try:
         return tagging.platform_tag(libraries, _torch_lib_dir())
     except (tagging.TagError, ELFError, OSError) as exc:

@@ -189,6 +189,19 @@ def tag_for(needs: ElfNeeds, provided: dict[str, set[str]]) -> tuple[str, str | 
     return f"linux_{needs.arch}", "no manylinux policy allows " + "; ".join(last)
 
 
+def torch_platform() -> str:
+    """The platform tag of the installed torch's own wheel (``linux_<arch>`` if it does not say)."""
+    import importlib.metadata
+    import os
+
+    try:
+        wheel = importlib.metadata.distribution("torch").read_text("WHEEL") or ""
+    except importlib.metadata.PackageNotFoundError:
+        wheel = ""
+    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    return tags[0].split("-")[-1] if tags else f"linux_{os.uname().machine}"
+
+
 def torch_requirement(torch_version: str) -> str:
     """``torch==X.Y.*``: the artifacts are tied to libtorch's ABI of one release series."""
     release = Version(torch_version).release

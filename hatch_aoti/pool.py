@@ -24,6 +24,7 @@ class Task:
     """One model for a helper to compile."""
 
     model: str
+    backend: str
     program: str
     """A saved ExportedProgram (``torch.export.save``)."""
     out: str
@@ -104,18 +105,20 @@ def run(job: dict[str, Any], parent: Parent) -> int:
 
     import torch
 
-    from hatch_aoti.backends import aoti
+    from hatch_aoti import backends
 
     for raw in job["tasks"]:
         task = Task(**raw)
         start = time.perf_counter()
         try:
+            backend = backends.get(task.backend)
             for module in task.modules:
                 importlib.import_module(module)
             exported = torch.export.load(task.program)
-            files = aoti.compile_program(exported, Path(task.out), task.configs, Path(job["work"]))
+            files = backend.compile(backends.Request(task.model, exported, task.configs, Path(task.out),
+                                                     Path(job["work"])))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - reported against the model
-            parent.emit("failed", model=task.model, error=f"AOTInductor failed: {type(exc).__name__}: {exc}")
+            parent.emit("failed", model=task.model, error=f"the {task.backend} backend failed: {type(exc).__name__}: {exc}")
             continue
         parent.emit("compiled", model=task.model, files=files, seconds=time.perf_counter() - start)
     return 0

@@ -61,7 +61,8 @@ def load(name):
     with _LOCK:
         model = _LOADED.get(name)
         if model is None:
-            model = _LOADED[name] = _callable(_CompiledModel(name, entry))
+            engine = _CompiledModel(name, entry)
+            model = _LOADED[name] = _callable(engine) if engine.backend == "aoti" else _checked(engine)
     return model
 
 
@@ -112,21 +113,13 @@ class _CompiledModel:
             )
         self._file = os.path.join(_HERE, name, entry["file"])
         _check_cpu(name, entry["cpu"])
-        try:
-            self._runner = _fast_runner(torch, self._file, self.device)
-            in_spec, out_spec = self._runner.get_call_spec()
-            self._run = self._runner.run
-        except (AttributeError, TypeError, ImportError) as exc:
-            warnings.warn(
-                f"compiled model {name!r}: torch {torch.__version__} lacks the direct AOTInductor "
-                f"runner ({exc}); falling back to torch._inductor.aoti_load_package, which is slower "
-                "to load and extracts the package to a temporary directory",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            self._runner = _public_runner(name, entry)
-            in_spec, out_spec = self._runner.loader.get_call_spec()
-            self._run = self._runner.loader.boxed_run
+        self.backend = entry.get("backend", "aoti")
+        if self.backend == "aoti":
+            in_spec, out_spec = self._aoti(torch, entry)
+        else:  # other backends return the model's own output structure
+            self._runner = None
+            self._run = _precompiled(name, entry) if self.backend == "precompile" else _runtime(name, entry)
+            in_spec, out_spec = entry["call_spec"]
         self._pytree = pytree
         self._tensor = torch.Tensor
         self._in_spec = pytree.treespec_loads(in_spec)
@@ -147,6 +140,24 @@ class _CompiledModel:
         )
         self._unflatten = _output_builder(pytree, self._out_spec)
         self._single_out = self._out_spec.is_leaf()
+
+    def _aoti(self, torch, entry):
+        """The AOTInductor runner on the shipped library; its (input, output) call specs."""
+        try:
+            self._runner = _fast_runner(torch, self._file, self.device)
+            self._run = self._runner.run
+            return self._runner.get_call_spec()
+        except (AttributeError, TypeError, ImportError) as exc:
+            warnings.warn(
+                f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor "
+                f"runner ({exc}); falling back to torch._inductor.aoti_load_package, which is slower "
+                "to load and extracts the package to a temporary directory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._runner = _public_runner(self.name, entry)
+            self._run = self._runner.loader.boxed_run
+            return self._runner.loader.get_call_spec()
 
     def _flatten(self, args, kwargs):
         """Tensor inputs in the compiled order, after checking the call's structure."""
@@ -240,9 +251,8 @@ def _callable(engine):
     """
     run, unflatten, flatten, reject = engine._run, engine._unflatten, engine._flatten, engine._reject
     checks = engine._checks
-    n_fast = engine._n_args if engine._positional else -1
 
-    if n_fast == 1 and not checks[0][3] and engine._single_out and engine.device == "cpu":
+    if engine._positional and engine._n_args == 1 and not checks[0][3] and engine._single_out and engine.device == "cpu":
         # One static CPU tensor in, one tensor out: the common case, kept as short as possible.
         ((dtype, _, sizes, _),) = checks
 
@@ -259,27 +269,122 @@ def _callable(engine):
             return run([x])[0]
 
     else:
+        tensors_of = _checker(engine)
 
         def model(*args, **kwargs):
-            if kwargs or len(args) != n_fast:
-                args = flatten(args, kwargs)
-            for tensor, (dtype, cpu, sizes, ranges) in zip(args, checks):
-                try:
-                    ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda)
-                    if ok:
-                        ok = _in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes
-                except AttributeError:
-                    ok = False
-                if not ok:
-                    reject(args)
-            return unflatten(run(list(args)))
+            return unflatten(run(list(tensors_of(args, kwargs))))
 
+    return _named(model, engine)
+
+
+def _checked(engine):
+    """The function ``load()`` returns for other backends: the same checks, then their callable."""
+    run, tensors_of = engine._run, _checker(engine)
+
+    def model(*args, **kwargs):
+        tensors_of(args, kwargs)
+        return run(*args, **kwargs)
+
+    return _named(model, engine)
+
+
+def _checker(engine):
+    """A function from a call's inputs to its tensors in compiled order, raising for any that does not fit."""
+    flatten, reject, checks = engine._flatten, engine._reject, engine._checks
+    n_fast = engine._n_args if engine._positional else -1
+
+    def tensors_of(args, kwargs):
+        if kwargs or len(args) != n_fast:
+            args = flatten(args, kwargs)
+        for tensor, (dtype, cpu, sizes, ranges) in zip(args, checks):
+            try:
+                ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda)
+                if ok:
+                    ok = _in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes
+            except AttributeError:
+                ok = False
+            if not ok:
+                reject(args)
+        return args
+
+    return tensors_of
+
+
+def _named(model, engine):
     model.__name__ = model.__qualname__ = engine.name
     model.__module__ = __name__
     model.__doc__ = f"Compiled model {engine.name!r} on {engine.device}; see {__name__}.info({engine.name!r})."
     model.name, model.device, model.file = engine.name, engine.device, engine._file
     model.runner = engine._runner  # torch's runner underneath (private torch API), for benchmarks
     return model
+
+
+def _call(module, *args, **kwargs):
+    """What the precompile backend compiles: the model's module called with its inputs.
+
+    It lives here, in the module that ships with every wheel, because a precompiled
+    artifact refers to the function it was compiled from by module and name.
+    """
+    return module(*args, **kwargs)
+
+
+def _precompiled(name, entry):
+    """A model of the precompile backend: its factory's module under the saved function."""
+    import importlib
+    import platform
+
+    import torch
+
+    built, here = (entry["python"], entry["torch"]), (platform.python_version(), torch.__version__)
+    if built != here:
+        raise RuntimeError(
+            f"compiled model {name!r} was precompiled with Python {built[0]} and torch {built[1]}, and loads "
+            f"only there; this is Python {here[0]} with torch {here[1]}. Install a wheel built for them."
+        )
+    module_name, _, attr = entry["factory"].partition(":")
+    factory = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    import torch._inductor.config
+
+    # The module and the guards are made outside inference mode, which would give the
+    # parameters other dispatch keys than the guards expect; the kernels are compiled now,
+    # with the settings their code was generated for (another vector width computes garbage).
+    settings = torch._inductor.config.patch(entry["inductor_configs"])
+    with torch.inference_mode(False), settings, open(os.path.join(_HERE, name, entry["file"]), "rb") as f:
+        module = factory().to(entry["device"]).eval()
+        compiled = torch.compiler.load_compiled_function(f)
+    no_grad, inference_mode, tree_map_only = torch.no_grad, torch.inference_mode, torch.utils._pytree.tree_map_only
+
+    def plain(tensor):
+        return tensor.clone() if tensor.is_inference() else tensor
+
+    def run(*args, **kwargs):
+        # Its guards were recorded under no_grad, outside inference mode: inside it, and for
+        # tensors made in it, they would fail.
+        with inference_mode(False), no_grad():
+            args, kwargs = tree_map_only(torch.Tensor, plain, (args, kwargs))
+            try:
+                return compiled(module, *args, **kwargs)
+            except RuntimeError as exc:
+                if not str(exc).startswith("GuardManager check failed"):
+                    raise
+                why = " ".join(str(exc).split())[:400]
+                raise ValueError(f"compiled model {name!r}: these inputs fail the guards it was compiled with: {why}") from None
+
+    return run
+
+
+def _runtime(name, entry):
+    """A model of another backend: its run-time module, shipped as ``_aoti/runtime/<backend>.py``."""
+    import importlib.util
+
+    backend = entry["backend"]
+    path = os.path.join(_HERE, "runtime", f"{backend}.py")
+    spec = importlib.util.spec_from_file_location(f"{__name__}._runtime_{backend}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load(name, entry, os.path.join(_HERE, name))
 
 
 def _tensor_check(torch, leaf):

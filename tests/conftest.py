@@ -152,10 +152,12 @@ def write_project(
     return root
 
 
-def build_no_isolation(project: Path, out: Path, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+def build_no_isolation(
+    project: Path, out: Path, *, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m build --wheel --no-isolation`` with this interpreter (hatch-aoti installed)."""
     return run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)],
-               check=check, cwd=project)
+               check=check, cwd=project, env=env)
 
 
 @pytest.fixture(scope="session")

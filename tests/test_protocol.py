@@ -54,7 +54,7 @@ def run_helpers(tmp_path: Path, groups: dict[str, str]) -> dict[str, object]:
     script = {m: b for group in groups.values() for m, b in (p.split("=") for p in group.split())}
     helpers = Helpers(tmp_path, {"sys_path": [], "cache": None, "cwd": str(tmp_path), "script": script},
                       argv=[*FAKES, "helper"])  # fmt: skip
-    helpers.start([[Task(m.split("=")[0], "p", str(tmp_path / "out" / m.split("=")[0]), {}, [])
+    helpers.start([[Task(m.split("=")[0], "aoti", "p", str(tmp_path / "out" / m.split("=")[0]), {}, [])
                     for m in group.split()] for group in groups.values()])  # fmt: skip
     return {o.model: o for o in helpers.outcomes()}
 

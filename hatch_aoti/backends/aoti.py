@@ -9,6 +9,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.backends import Backend, Request
+
+
+class AotiBackend(Backend):
+    """The default: ``aoti_compile_and_package``, unpacked; no Python tracing or compiling at run time."""
+
+    name = "aoti"
+    in_helpers = True
+
+    def settings(self, user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
+        return inductor_configs(user_configs, target)
+
+    def compile(self, request: Request) -> dict[str, Any]:
+        return compile_program(request.exported, request.out, request.settings, request.work)
+
 #: Where hatch-aoti departs from Inductor's defaults, for code that ships in wheels:
 #: - line tables (``-g1``) triple the size of a small model's library and carry build
 #:   paths; release builds of torch itself ship without them;
@@ -147,52 +162,3 @@ def _prefix_maps(maps: dict[str, str]) -> list[str]:
         for path in dict.fromkeys([old, os.path.realpath(old)]):
             out.append(f"ffile-prefix-map={path}={new}")
     return out
-
-
-def describe_call(exported: Any, axis_names: list[dict[int, str]]) -> list[dict[str, Any]]:
-    """What each flattened input must be, as the exported program has it.
-
-    The loader checks calls against this (AOTInductor itself does not): dtype, device,
-    rank, static sizes, and each dynamic size's range; constants that export baked in
-    must be passed unchanged.
-    """
-    from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
-
-    nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    out: list[dict[str, Any]] = []
-    tensor_index = 0
-    for input_spec in exported.graph_signature.input_specs:
-        if input_spec.kind != InputKind.USER_INPUT:
-            continue
-        arg = input_spec.arg
-        if isinstance(arg, ConstantArgument):
-            value = arg.value
-            plain = value is None or isinstance(value, (bool, int, float, str))
-            out.append({"const": value if plain else repr(value), "check_const": plain})
-            continue
-        if not isinstance(arg, TensorArgument):
-            out.append({"const": repr(arg), "check_const": False})
-            continue
-        fake = nodes[arg.name].meta["val"]
-        names = axis_names[tensor_index] if tensor_index < len(axis_names) else {}
-        tensor_index += 1
-        shape: list[Any] = []
-        for axis, size in enumerate(fake.shape):
-            if isinstance(size, int):
-                shape.append(size)
-                continue
-            expr = size.node.expr
-            bounds = exported.range_constraints.get(expr)
-            lo = _finite(bounds.lower) if bounds is not None else None
-            hi = _finite(bounds.upper) if bounds is not None else None
-            shape.append({"name": names.get(axis, str(expr)), "min": lo or 0, "max": hi})
-        out.append({"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape})
-    return out
-
-
-def _finite(value: Any) -> int | None:
-    """An int for a finite sympy bound, ``None`` for torch's (or sympy's) infinities."""
-    try:
-        return int(value)
-    except (AttributeError, TypeError, ValueError, OverflowError):
-        return None

@@ -71,7 +71,7 @@ class AotiBuildHook(BuildHookInterface):
         package, source_root = self._find_package(settings)
         self._stage = pipeline.open_stage(Path(self.root))
         report = pipeline.Reporter(self.app.display_info, self.app.display_success, self.app.display_warning)
-        project = pipeline.Project(Path(self.root), list(dict.fromkeys([str(source_root), self.root])))
+        project = pipeline.Project(Path(self.root), list(dict.fromkeys([str(source_root), self.root])), package)
         staged = pipeline.build(settings, project, self._stage.path, report, editable=version == "editable")
         build_data["dependencies"].append(staged.torch_requirement)
         if version == "editable":
@@ -82,7 +82,7 @@ class AotiBuildHook(BuildHookInterface):
         dist_dir = package.replace(".", "/")
         loader_file = f"{settings.loader}.py"
         build_data["pure_python"] = False
-        build_data["tag"] = f"py3-none-{staged.platform_tag}"
+        build_data["tag"] = staged.tag
         build_data["force_include"][str(staged.package / loader_file)] = f"{dist_dir}/{loader_file}"
         build_data["force_include"][str(staged.package / ARTIFACT_DIR)] = f"{dist_dir}/{ARTIFACT_DIR}"
 

@@ -69,10 +69,10 @@ def settings_of(dist: Any) -> Any:
 def _require_torch(dist: Any) -> None:
     """Add the torch the models were compiled for to the wheel's ``Requires-Dist``."""
     from hatch_aoti.config import ConfigError
-    from hatch_aoti.pipeline import BuildFailed, build_torch_version, torch_requirement
+    from hatch_aoti.pipeline import BuildFailed, build_torch_version, wheel_pins
 
     try:
-        requirement = torch_requirement(settings_of(dist), build_torch_version())
+        requirement = wheel_pins(settings_of(dist), build_torch_version()).torch
     except (ConfigError, BuildFailed) as exc:
         raise SetupError(f"hatch-aoti: {exc}") from None
     requires = list(dist.install_requires or ())
@@ -100,8 +100,8 @@ def _build(base: type) -> type:
 def _bdist_wheel(base: type) -> type:
     class bdist_wheel(_requiring_torch(base)):  # type: ignore[misc]
         def get_tag(self) -> tuple[str, str, str]:
-            tag = getattr(self.get_finalized_command("build_aoti"), "platform_tag", None)
-            return ("py3", "none", tag) if tag else super().get_tag()
+            built = self.get_finalized_command("build_aoti")
+            return (built.python_tag, "none", built.platform_tag) if built.platform_tag else super().get_tag()
 
     return bdist_wheel
 
@@ -116,6 +116,7 @@ class build_aoti(Command):
         self.build_lib: str | None = None
         self.editable_mode = False
         self.platform_tag: str | None = None
+        self.python_tag = "py3"
         self._outputs: list[str] = []
 
     def finalize_options(self) -> None:
@@ -132,7 +133,7 @@ class build_aoti(Command):
             stage = pipeline.open_stage(root)
             try:
                 report = pipeline.Reporter(self._info, self._info, self._warn)
-                project = pipeline.Project(root, list(dict.fromkeys([str(import_root), str(root)])))
+                project = pipeline.Project(root, list(dict.fromkeys([str(import_root), str(root)])), package)
                 staged = pipeline.build(settings, project, stage.path, report, editable=self.editable_mode)
                 self._place(staged, package, settings.loader, stage.path)
             finally:
@@ -140,6 +141,7 @@ class build_aoti(Command):
         except (ConfigError, pipeline.BuildFailed) as exc:
             raise SetupError(str(exc) if isinstance(exc, ConfigError) else f"hatch-aoti: {exc}") from None
         self.platform_tag = staged.platform_tag
+        self.python_tag = staged.python_tag
 
     def get_outputs(self) -> list[str]:
         return list(self._outputs)

@@ -1,0 +1,203 @@
+"""Backends: aoti, precompile and a third-party one in one wheel; pins, version checks, the interface."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import Runtime, build_no_isolation, write_project
+
+from hatch_aoti.backends import Backend, Pins, combined_pins
+
+TOY = Path(__file__).with_name("toy_backend")
+
+MODELS = """
+    import torch
+    from torch import nn
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x, *, scale):
+            y = self.lin(x) * scale
+            return {"y": y, "norm": y.norm(dim=-1)}
+
+    def scaled():
+        torch.manual_seed(0)
+        return Scaled()
+
+    def mlp():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
+"""
+HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.fast]
+    factory = "mixpkg.models:scaled"
+    inputs = [{ shape = [2, 8] }]
+    kwargs = { scale = { shape = [2, 1] } }
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.guarded]
+    backend = "precompile"
+    factory = "mixpkg.models:scaled"
+    inputs = [{ shape = [2, 8] }]
+    kwargs = { scale = { shape = [2, 1] } }
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.batched]
+    backend = "precompile"
+    factory = "mixpkg.models:mlp"
+    inputs = [{ shape = ["batch", 8] }]
+    dynamic = { batch = { min = 2, max = 32 } }
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.plain]
+    backend = "export"
+    factory = "mixpkg.models:mlp"
+    inputs = [{ shape = ["batch", 8] }]
+    dynamic = { batch = { min = 1, max = 32 } }
+"""
+
+
+@pytest.fixture(scope="session")
+def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One wheel, four models: aoti, precompile with kwargs, precompile with a dynamic batch, and
+    the third-party ``export`` backend (tests/toy_backend, found through its entry point)."""
+    root = write_project(tmp_path_factory.mktemp("mixed") / "proj", "mixpkg", HOOK, {"models.py": MODELS})
+    env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2"}
+    proc = build_no_isolation(root, root / "dist", env=env)
+    (wheel,) = (root / "dist").glob("*.whl")
+    return wheel, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def mixed_site(mixed_wheel: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("mixed-site")
+    with zipfile.ZipFile(mixed_wheel[0]) as zf:
+        zf.extractall(site)
+    return site
+
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_wheel_pins_what_its_strictest_model_needs(mixed_wheel: tuple[Path, str]) -> None:
+    wheel, output = mixed_wheel
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert wheel.name.startswith(f"mixpkg-1.0-{python}-none-manylinux_2_"), "precompiled code needs this Python"
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read("mixpkg-1.0.dist-info/METADATA").decode()
+        names = zf.namelist()
+    assert "Requires-Dist: torch==2.13.0\n" in metadata, "an exact torch: precompiled code loads on no other"
+    assert "mixpkg/_aoti/runtime/export.py" in names, "the third-party backend's run-time module ships"
+    assert "mixpkg/_aoti/runtime/precompile.py" not in names
+    for model in ("fast", "guarded", "batched", "plain"):
+        assert f"aoti: {model}: compiled in" in output
+
+
+def test_every_backend_matches_eager_with_only_torch(mixed_site: Path, runtime: Runtime) -> None:
+    result = runtime.json(
+        f"""
+        import json, sys; sys.path.insert(0, {str(mixed_site)!r})
+        import torch
+        from mixpkg import compiled, models
+        out = {{"backends": {{n: compiled.info(n)["backend"] for n in compiled.names()}}}}
+        x, scale = torch.randn(2, 8), torch.rand(2, 1)
+        with torch.inference_mode():                      # precompiled models too, made and called in it
+            for name in ("fast", "guarded"):
+                got, want = compiled.load(name)(x, scale=scale), models.scaled()(x, scale=scale)
+                out[name] = max((got[k] - want[k]).abs().max().item() for k in want)
+            for name in ("batched", "plain"):
+                for batch in (2, 7, 32):
+                    xb = torch.randn(batch, 8)
+                    out[f"{{name}}{{batch}}"] = (compiled.load(name)(xb) - models.mlp()(xb)).abs().max().item()
+        try:
+            compiled.load("batched")(torch.randn(33, 8))
+        except ValueError as exc:
+            out["too_big"] = str(exc)
+        out["needs"] = compiled.info("guarded")["needs"]
+        out["imported"] = sorted(m for m in sys.modules if m.startswith(("hatch_aoti", "toy_backend")))
+        print(json.dumps(out))
+        """
+    )
+    assert result["backends"] == {"fast": "aoti", "guarded": "precompile", "batched": "precompile", "plain": "export"}
+    errors = {k: v for k, v in result.items() if k.startswith(("fast", "guarded", "batched", "plain"))}
+    assert len(errors) == 8 and max(errors.values()) < 1e-5, errors
+    assert "'batched'" in result["too_big"] and "batch in [2, 32]" in result["too_big"]
+    assert result["needs"]["module"].startswith("built by mixpkg.models:scaled when the model is loaded")
+    assert result["needs"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert result["imported"] == [], "the wheel needs neither hatch-aoti nor the backend's package"
+
+
+def test_a_precompiled_model_refuses_another_python_or_torch(mixed_site: Path, runtime: Runtime, tmp_path: Path) -> None:
+    """Simulated by editing the manifest of an installed copy: a clear error naming both, no crash."""
+    site = tmp_path / "site"
+    shutil.copytree(mixed_site, site)
+    manifest_path = site / "mixpkg" / "_aoti" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["models"]["guarded"]["torch"] = "2.12.0+cpu"
+    manifest["models"]["batched"]["python"] = "3.10.4"
+    manifest_path.write_text(json.dumps(manifest))
+    result = runtime.json(
+        f"""
+        import json, sys; sys.path.insert(0, {str(site)!r})
+        from mixpkg import compiled
+        out = {{}}
+        for name in ("guarded", "batched"):
+            try:
+                compiled.load(name)
+            except RuntimeError as exc:
+                out[name] = str(exc)
+        print(json.dumps(out))
+        """
+    )
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert f"with Python {python} and torch 2.12.0+cpu, and loads only there; this is Python {python} with torch 2.13.0" in result["guarded"]
+    assert f"with Python 3.10.4 and torch 2.13.0+cpu, and loads only there; this is Python {python}" in result["batched"]
+
+
+# -- the interface, without compiling ----------------------------------------------------
+
+
+def test_the_narrowest_pin_wins() -> None:
+    series, exact = Pins("torch==2.13.*"), Pins("torch==2.13.0", "cp311")
+    assert combined_pins([series]) == series
+    assert combined_pins([series, exact]) == Pins("torch==2.13.0", "cp311")
+    with pytest.raises(ValueError, match="cp310, cp311"):
+        combined_pins([exact, Pins("torch==2.13.0", "cp310")])
+
+
+def test_precompile_needs_dynamic_sizes_of_two_at_least() -> None:
+    from hatch_aoti.backends.precompile import PrecompileBackend
+    from hatch_aoti.config import parse_settings
+
+    table = {"models": {"m": {"factory": "a:b", "backend": "precompile", "inputs": [{"shape": ["n"]}],
+                              "dynamic": {"n": {"min": 1, "max": 8}}}}}  # fmt: skip
+    (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
+    ((path, message),) = PrecompileBackend().check(spec)
+    assert path.endswith("models.m.dynamic.n.min") and "cannot take sizes below 2" in message
+
+
+def test_unknown_backends_are_named_with_the_installed_ones() -> None:
+    from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"backend": "aotx", "models": {"m": {"factory": "a:b", "inputs": [], "backend": "tvm"}}})
+    found = dict(info.value.problems)
+    assert "unknown backend 'aotx' (did you mean `aoti`?); installed backends: aoti, precompile" in found[f"{HOOK_PATH}.backend"]
+    assert "installed backends: aoti, precompile" in found[f"{HOOK_PATH}.models.m.backend"]
+
+
+def test_a_backend_is_a_small_object() -> None:
+    sys.path.insert(0, str(TOY))
+    try:
+        from toy_backend import ExportBackend
+    finally:
+        sys.path.remove(str(TOY))
+    backend = ExportBackend()
+    assert isinstance(backend, Backend) and backend.runtime.is_file() and backend.in_helpers
+    assert backend.pins("2.13.0+cpu") == Pins("torch==2.13.*", "py3"), "the defaults: the series, any Python 3"
