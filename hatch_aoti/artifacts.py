@@ -26,6 +26,12 @@ SKIPPED_SUFFIXES = (".cpp", "/.data/serialization_id")
 #: than as files: they are the same in every model, and identical files in a wheel are
 #: a packaging smell (check-wheel-contents W002).
 INLINE_LIMIT = 16 * 1024
+#: Where Inductor pickles weights kept out of the library, and how it names them.
+WEIGHTS_DIR = "data/weights/"
+WEIGHTS_CONFIG = "weights_config.json"
+WEIGHTS_FILE = "weights.bin"
+#: Every tensor in ``weights.bin`` starts at a multiple of this (vector loads, any dtype).
+WEIGHTS_ALIGNMENT = 64
 
 
 def template_path(name: str = "compiled.py") -> Path:
@@ -73,12 +79,15 @@ def sha256(path: Path) -> str:
 def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     """Unpack one model's ``.pt2`` into ``target``; describe what the loader needs (paths relative to it).
 
-    Files get fixed modes, so that the wheel's bytes do not depend on the builder's umask.
+    Weights kept out of the library (one pickled file each) go into one file, ``weights.bin``,
+    that the loader maps (see :func:`write_weights`). Files get fixed modes, so that the
+    wheel's bytes do not depend on the builder's umask.
     """
     if target.exists():
         shutil.rmtree(target)
     members: list[str] = []
     inline: dict[str, str] = {}
+    weights: list[zipfile.ZipInfo] = []
     with zipfile.ZipFile(pt2) as archive:
         for info in archive.infolist():
             if info.is_dir():
@@ -89,6 +98,9 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
             if info.filename.endswith(SKIPPED_SUFFIXES):
                 continue
             members.append(rest)
+            if rest.startswith(WEIGHTS_DIR):
+                weights.append(info)
+                continue
             if info.file_size <= INLINE_LIMIT and not rest.endswith(".so"):
                 try:
                     inline[rest] = archive.read(info).decode("utf-8")
@@ -100,10 +112,53 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
             with archive.open(info) as src, dest.open("wb") as out:
                 shutil.copyfileobj(src, out)
             dest.chmod(0o755 if rest.endswith(".so") else 0o644)
+        entry = {"members": members, "inline": inline}
+        if weights:
+            entry["weights"] = write_weights(archive, weights, inline, target)
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
-    return {"file": libraries[0], "sha256": sha256(target / libraries[0]), "members": members, "inline": inline}
+    return {"file": libraries[0], "sha256": sha256(target / libraries[0]), **entry}
+
+
+def write_weights(archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], inline: dict[str, str],
+                  target: Path) -> dict[str, Any]:  # fmt: skip
+    """Put the weights Inductor pickled one file each into ``weights.bin``, each at an aligned offset.
+
+    The loader maps that file and hands views of it to the library, so the weights are
+    read from the page cache and shared between processes instead of copied into each.
+    The bytes are copied in chunks, never held whole; the index says where each tensor is.
+    """
+    import tempfile
+
+    import torch
+
+    (config_name,) = [n for n in inline if n.endswith(WEIGHTS_CONFIG)]
+    by_file = {v[0]: fqn for fqn, v in json.loads(inline[config_name]).items()}
+    index: dict[str, Any] = {}
+    with (target / WEIGHTS_FILE).open("wb") as blob, tempfile.TemporaryDirectory() as tmp:
+        for number, info in enumerate(members):
+            pickled = Path(tmp) / f"weight-{number}"  # one file each: torch may keep a mapped file open
+            with archive.open(info) as src, pickled.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            tensor = torch.load(pickled, mmap=True, weights_only=True)  # metadata only: nothing is read
+            blob.write(b"\0" * (-blob.tell() % WEIGHTS_ALIGNMENT))
+            index[by_file[info.filename.rsplit("/", 1)[1]]] = {
+                "offset": blob.tell(),
+                "nbytes": tensor.untyped_storage().nbytes(),
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+                "shape": list(tensor.shape),
+                "stride": list(tensor.stride()),
+                "storage_offset": tensor.storage_offset(),
+            }
+            del tensor
+            with zipfile.ZipFile(pickled) as inner:
+                (data,) = [n for n in inner.namelist() if n.split("/")[-2:-1] == ["data"]]
+                with inner.open(data) as src:
+                    shutil.copyfileobj(src, blob, 1 << 20)
+            pickled.unlink()
+    (target / WEIGHTS_FILE).chmod(0o644)
+    return {"file": WEIGHTS_FILE, "sha256": sha256(target / WEIGHTS_FILE), "tensors": index}
 
 
 def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:

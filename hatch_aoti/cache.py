@@ -8,18 +8,25 @@ file's sha256 is recorded and checked on each hit, so a damaged entry is discard
 rebuilt instead of shipped. Entries never change once in place: concurrent builds that
 make the same entry keep whichever lands first.
 
+The cache is capped (``HATCH_AOTI_CACHE_MAX_SIZE``): after each store, the entries used
+longest ago go first. A build holds a shared lock on every entry it uses until it ends,
+and eviction skips locked entries, so no build loses an entry it is using.
+
 Layout: ``<root>/v2/entries/<key[:2]>/<key>/{entry.json, artifact/...}``, entries being
 written in ``<root>/v2/tmp/``. ``<root>/bytecode/`` belongs to the bytecode store.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import re
 import shutil
 import stat
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,47 @@ from hatch_aoti.owned import OwnedDir, sweep
 FORMAT = "v2"
 ENV_DIR = "HATCH_AOTI_CACHE_DIR"
 ENV_DISABLE = "HATCH_AOTI_NO_CACHE"
+ENV_MAX_SIZE = "HATCH_AOTI_CACHE_MAX_SIZE"
+#: Room for a few models of several GB each, or hundreds of small ones.
+DEFAULT_MAX_SIZE = 20 * 2**30
 _WRITING = "entry-"
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}  # fmt: skip
+
+
+class NoSpace(Exception):
+    """Not enough disk space for what the build must write; the message says where and how much."""
+
+    def __init__(self, path: Path, needed: int) -> None:
+        try:
+            free = shutil.disk_usage(path if path.exists() else path.parent).free
+        except OSError:
+            free = 0
+        self.path, self.needed = path, needed
+        super().__init__(f"not enough disk space in {path}: {human(needed)} needed, {human(free)} free")
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk: an OSError, or a compiler's error that says so."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(exc) for text in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)))
+
+
+def human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # not reached
+
+
+def parse_size(text: str) -> int:
+    """``20GB``, ``512 MiB``, ``1048576``: bytes; :class:`ValueError` otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"{ENV_MAX_SIZE} must be a size such as 20GB, 512MB or a number of bytes, not {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def default_root() -> Path:
@@ -50,7 +97,9 @@ def from_env(environ: dict[str, str] | None = None) -> CompileCache | None:
     if disabled(env):
         return None
     root = env.get(ENV_DIR)
-    return CompileCache(Path(root).expanduser().absolute() if root else default_root())
+    cap = env.get(ENV_MAX_SIZE, "").strip()
+    return CompileCache(Path(root).expanduser().absolute() if root else default_root(),
+                        parse_size(cap) if cap else DEFAULT_MAX_SIZE)  # fmt: skip
 
 
 def untrusted(root: Path, uid: int | None = None) -> str | None:
@@ -82,6 +131,9 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
 @dataclass
 class CompileCache:
     root: Path
+    max_size: int = DEFAULT_MAX_SIZE
+    _held: dict[str, int] = field(default_factory=dict, repr=False)
+    """Entries this process uses, by key: open fds holding a shared lock until the process ends."""
 
     @property
     def _base(self) -> Path:
@@ -93,51 +145,124 @@ class CompileCache:
     def lookup(self, key: str, dest: Path) -> dict[str, Any] | None:
         """Copy a valid entry's artifact to ``dest`` and return its record; ``None`` on a miss.
 
-        An entry that fails its checks is removed, so the build that finds it rebuilds it.
+        The entry is locked (shared) first, so eviction cannot take it away meanwhile; one
+        that fails its checks is removed, so the build that finds it rebuilds it.
         """
         entry_dir = self._entry_dir(key)
+        if not (entry_dir / "entry.json").exists() or not self._hold(key, entry_dir):
+            return None
         try:
             record = json.loads((entry_dir / "entry.json").read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            self._discard(entry_dir)
-            return None
-        artifact = entry_dir / "artifact"
-        files = record.get("files") if isinstance(record, dict) else None
-        if record.get("key") != key or not isinstance(files, dict) or not self._intact(artifact, files):
+            files = record.get("files") if isinstance(record, dict) else None
+            intact = record.get("key") == key and isinstance(files, dict) and self._intact(entry_dir / "artifact", files)
+        except (OSError, ValueError, AttributeError):
+            intact = False
+        if not intact:
             self._discard(entry_dir)
             return None
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(artifact, dest)
+        try:
+            shutil.copytree(entry_dir / "artifact", dest)
+        except OSError as exc:
+            if out_of_space(exc):
+                raise NoSpace(dest.parent, int(record.get("size", 0))) from None
+            raise
         return record
 
     def store(self, key: str, artifact: Path, record: dict[str, Any]) -> bool:
-        """Add an entry atomically; ``False`` if another build stored the same key first."""
+        """Add an entry atomically; ``False`` if another build stored the same key first.
+
+        Raises :class:`NoSpace`, with nothing half-written left behind, when the disk is full.
+        """
+        size = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if shutil.disk_usage(self.root).free < size:
+            raise NoSpace(self.root, size)
         tmp_root = self._base / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         sweep(tmp_root, _WRITING)
         writing = OwnedDir.create(tmp_root, _WRITING)
         try:
-            entry = writing.path / "entry"
-            shutil.copytree(artifact, entry / "artifact")
-            files = {p.relative_to(entry / "artifact").as_posix(): sha256(p)
-                     for p in sorted((entry / "artifact").rglob("*")) if p.is_file()}  # fmt: skip
-            full = {**record, "key": key, "files": files}
-            (entry / "entry.json").write_text(json.dumps(full, indent=1, sort_keys=True), encoding="utf-8")
-            final = self._entry_dir(key)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(entry, final)
-            except OSError:
-                if not final.exists():
-                    raise
-                return False
-            return True
+            stored = self._write(key, artifact, {**record, "size": size}, writing.path / "entry")
+        except OSError as exc:
+            if out_of_space(exc):
+                raise NoSpace(self.root, size) from None
+            raise
         finally:
             writing.release()
+        self._hold(key, self._entry_dir(key))
+        self.evict()
+        return stored
+
+    def _write(self, key: str, artifact: Path, record: dict[str, Any], entry: Path) -> bool:
+        shutil.copytree(artifact, entry / "artifact")
+        files = {p.relative_to(entry / "artifact").as_posix(): sha256(p)
+                 for p in sorted((entry / "artifact").rglob("*")) if p.is_file()}  # fmt: skip
+        full = {**record, "key": key, "files": files}
+        (entry / "entry.json").write_text(json.dumps(full, indent=1, sort_keys=True), encoding="utf-8")
+        final = self._entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(entry, final)
+        except OSError:
+            if not final.exists():
+                raise
+            return False
+        return True
+
+    def evict(self) -> list[Path]:
+        """Remove the entries used longest ago until the cache fits its cap, skipping any a build uses."""
+        entries = []
+        for entry_dir in self.entries():
+            try:
+                used = (entry_dir / "entry.json").stat().st_mtime
+                size = int(json.loads((entry_dir / "entry.json").read_text(encoding="utf-8")).get("size", 0))
+            except (OSError, ValueError):
+                continue
+            entries.append((used, size, entry_dir))
+        total, evicted = sum(size for _, size, _ in entries), []
+        for _, size, entry_dir in sorted(entries):
+            if total <= self.max_size:
+                break
+            fd = None if entry_dir.name in self._held else self._exclusive(entry_dir)
+            if fd is None:
+                continue  # in use by this build or another
+            self._discard(entry_dir)
+            os.close(fd)
+            total -= size
+            evicted.append(entry_dir)
+        return evicted
+
+    def _hold(self, key: str, entry_dir: Path) -> bool:
+        """Lock the entry shared for as long as this process lives, and record its use (for eviction)."""
+        if key in self._held:
+            return True
+        try:
+            fd = os.open(entry_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if not (entry_dir / "entry.json").exists():  # evicted before we locked it
+            os.close(fd)
+            return False
+        self._held[key] = fd
+        os.utime(entry_dir / "entry.json")
+        return True
+
+    @staticmethod
+    def _exclusive(entry_dir: Path) -> int | None:
+        """An fd holding an exclusive lock on the entry, or ``None`` if any build holds it."""
+        try:
+            fd = os.open(entry_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
 
     def entries(self) -> list[Path]:
         """Directories of the entries in place (complete or damaged)."""
@@ -152,11 +277,14 @@ class CompileCache:
         return all(sha256(artifact / rel) == digest for rel, digest in files.items())
 
     def _discard(self, entry_dir: Path) -> None:
-        """Move a damaged entry out of the way in one step, then delete it.
+        """Move an entry (damaged or evicted) out of the way in one step, then delete it.
 
         It goes to the unlocked part of ``tmp/``, so if the deletion is cut short the next
         build's sweep finishes it.
         """
+        fd = self._held.pop(entry_dir.name, None)
+        if fd is not None:
+            os.close(fd)
         doomed = self._base / "tmp" / f"{_WRITING}discarded-{uuid.uuid4().hex}"
         try:
             doomed.parent.mkdir(parents=True, exist_ok=True)

@@ -294,6 +294,16 @@ def _cpu_target(value: str, path: str, problems: Problems) -> Any:
     return _INVALID
 
 
+WEIGHTS = ("auto", "mapped", "embedded")
+
+
+def _weights(value: str, path: str, problems: Problems) -> Any:
+    if value in WEIGHTS:
+        return value
+    problems.add(path, f"must be one of {', '.join(WEIGHTS)}, not {value!r}")
+    return _INVALID
+
+
 def _backend(value: str, path: str, problems: Problems) -> Any:
     from hatch_aoti.backends import known
 
@@ -425,8 +435,15 @@ class ModelTable:
     )  # fmt: skip
     backend: str | None = key("how the model is compiled and loaded (see [Backends](#backends))",
                               shown="the table's `backend`", check=_backend)  # fmt: skip
+    weights: str = key(
+        "`aoti` on CPU: `mapped` keeps the weights in a file the loader maps, `embedded` in the library; "
+        "`auto`: mapped from 32 MiB of weights (see [Large models](#large-models))", default="auto", check=_weights,
+    )  # fmt: skip
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
+        if ok("weights", "device") and self.weights == "mapped" and self.device != "cpu":
+            problems.add(f"{path}.weights", f"`mapped` is for CPU models; a {self.device} model's weights are "
+                         "copied to the device anyway: use `embedded` or `auto`")
         # A key with problems of its own still counts as given.
         inputs = self.inputs is not None or not ok("inputs")
         example = self.example_inputs is not None or not ok("example_inputs")
@@ -491,6 +508,7 @@ class ModelSpec:
     """The model's own, the table's, or the machine's default."""
     backend: str = "aoti"
     """The model's own, or the table's."""
+    weights: str = "auto"
     path: str = ""
     """Full TOML path of the model's table, for messages."""
 
@@ -562,7 +580,7 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str) ->
         name=name, factory=model.factory, inputs=model.inputs, kwargs=dict(model.kwargs),
         example_inputs=model.example_inputs, dynamic=dict(model.dynamic), device=model.device,
         inductor_configs=dict(model.inductor_configs), rtol=model.rtol, atol=model.atol, verify=model.verify,
-        cpu_target=target, backend=backend, path=path,
+        cpu_target=target, backend=backend, weights=model.weights, path=path,
     )  # fmt: skip
 
 

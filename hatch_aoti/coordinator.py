@@ -11,6 +11,7 @@ Run as ``python -m hatch_aoti.coordinator JOB`` by the build backend (``pipeline
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.cache import NoSpace, out_of_space
 from hatch_aoti.checks import Prepared, check_model
 from hatch_aoti.children import Parent
 from hatch_aoti.config import ModelSpec
@@ -85,11 +87,13 @@ class Coordinator:
         self.stage = Path(job["stage"])
         self.package = self.stage / "package"
         self.artifacts = self.package / ARTIFACT_DIR
-        self.cache = CompileCache(Path(job["cache"])) if job.get("cache") else None
+        self.cache = CompileCache(Path(job["cache"]), job["cache_max_size"]) if job.get("cache") else None
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
+        self.factories: dict[str, str] = {}
 
     def run(self, specs: list[ModelSpec]) -> None:
+        self.factories = {spec.name: spec.factory for spec in specs}
         problems: list[tuple[str, str]] = []
         prepared = []
         for spec in specs:
@@ -123,9 +127,15 @@ class Coordinator:
             return None
         backend = backends.get(spec.backend)
         target = resolve(spec.cpu_target)
-        settings = backend.settings(model.user_configs, target)
-        key = cache_key(exported, spec, model.plan, settings, backend.key())
-        record = self.look_up(spec.name, key)
+        if spec.weights == "auto":
+            spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
+        settings = backend.settings(model.user_configs, target, spec)
+        key = cache_key(exported, spec, model.plan, settings, backend.key()) if self.cache is not None else ""
+        try:
+            record = self.look_up(spec.name, key)
+        except NoSpace as exc:
+            self.fail(spec.name, "cache", str(exc))
+            return None
         if record is not None:
             self.entries[spec.name] = record["entry"]
             self.emit("cached", model=spec.name, seconds=time.perf_counter() - start,
@@ -216,6 +226,8 @@ class Coordinator:
         try:
             files = miss.backend.compile(request)
         except Exception as exc:  # noqa: BLE001
+            if out_of_space(exc):  # the library, and the weights twice (Inductor's package, then unpacked)
+                return Outcome(miss.name, error=str(NoSpace(self.stage, 2 * weights_size(miss.exported))))
             return Outcome(miss.name, error=f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}")
         return Outcome(miss.name, files=files, seconds=time.perf_counter() - start)
 
@@ -257,7 +269,10 @@ class Coordinator:
             self.emit("stage", model=miss.name, stage="store")
             try:
                 self.cache.store(miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
-            except OSError as exc:  # a read-only or full cache must not fail the build
+            except NoSpace as exc:
+                del self.entries[miss.name]
+                self.fail(miss.name, "cache", str(exc))
+            except OSError as exc:  # a read-only cache must not fail the build
                 self.emit("warning", message=f"{miss.name}: could not write the compile cache ({exc})")
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
@@ -269,6 +284,8 @@ class Coordinator:
         loader = self.staged_loader({spec.name: entry})
         try:
             compiled = loader.load(spec.name)
+            if getattr(compiled, "weights", None):
+                use_module_weights(miss.model.module, compiled, self.artifacts / spec.name, entry["weights"])
             return verify_model(miss.model.module, miss.model.plan, compiled, spec.rtol, spec.atol)
         except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
@@ -280,11 +297,17 @@ class Coordinator:
     # -- the staged package ---------------------------------------------------------------
 
     def write_manifest(self, models: dict[str, dict[str, Any]]) -> None:
+        """The staged loader and manifest, for ``models``; a model's factory is added here, not cached
+        (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
         from hatch_aoti.artifacts import write_loader, write_runtime
 
-        write_loader(self.package, self.job["loader"], {"hatch_aoti": __version__, "torch": _torch_version(),
-                                                        "models": models})  # fmt: skip
+        manifest = {
+            "hatch_aoti": __version__, "torch": _torch_version(), "package": self.job["package"],
+            "loader": self.job["loader"],
+            "models": {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()},
+        }  # fmt: skip
+        write_loader(self.package, self.job["loader"], manifest)
         for name in sorted({entry["backend"] for entry in models.values()}):
             runtime = backends.get(name).runtime
             if runtime is not None:
@@ -299,6 +322,63 @@ class Coordinator:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
+
+
+def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dict[str, Any]) -> None:
+    """Let the compiled model run on the eager module's own weights while it is verified.
+
+    The mapped weights file would otherwise be a second copy of them in memory (the
+    module's cannot be freed: Inductor keeps references to them). Each weight the module
+    has too is first compared, byte for byte, with its place in the file, read in chunks
+    without mapping it, so the file that ships is checked all the same.
+    """
+    import torch
+
+    fqns = compiled.runner.get_constant_names_to_original_fqns()
+    owners = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    constants = dict(compiled.weights)
+    with (directory / weights["file"]).open("rb") as blob:
+        for constant, mapped in compiled.weights.items():
+            fqn = fqns.get(constant, "")
+            own = owners.get(fqn)
+            if own is None or (own.shape, own.stride(), own.dtype) != (mapped.shape, mapped.stride(), mapped.dtype):
+                continue  # a weight Inductor made or laid out differently: verified from the file
+            if not own.is_contiguous() or not _same_bytes(own, blob, weights["tensors"][fqn]):
+                raise RuntimeError(f"the shipped weights file holds other values for {fqn} than the model")
+            constants[constant] = own.detach()
+    compiled.runner.update_constant_buffer(constants, False, True, True)
+
+
+def _same_bytes(tensor: Any, blob: Any, place: dict[str, Any]) -> bool:
+    import ctypes
+
+    view = memoryview((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+    blob.seek(place["offset"] + place["storage_offset"] * tensor.element_size())
+    chunk = 1 << 24
+    for start in range(0, len(view), chunk):
+        if blob.read(min(chunk, len(view) - start)) != view[start : start + chunk]:
+            return False
+    return True
+
+
+#: ``weights = "auto"``: mapped from this size; below it, the library keeps them (one file,
+#: the standard ``.pt2`` from ``save_pt2()``), and the copy they cost at load is small.
+AUTO_MAPPED_FROM = 32 * 2**20
+
+
+def auto_weights(spec: ModelSpec, exported: Any) -> str:
+    return "mapped" if spec.device == "cpu" and weights_size(exported) >= AUTO_MAPPED_FROM else "embedded"
+
+
+def weights_size(exported: Any) -> int:
+    """Bytes of an exported program's weights and constants."""
+    import torch
+
+    total = 0
+    for tensor in [*exported.state_dict.values(), *exported.constants.values()]:
+        with contextlib.suppress(Exception):  # tensor subclasses may have no storage of their own
+            total += tensor.untyped_storage().nbytes() if isinstance(tensor, torch.Tensor) else 0
+    return total
 
 
 def _torch_version() -> str:

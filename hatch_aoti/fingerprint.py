@@ -27,8 +27,16 @@ import torch
 
 
 def _tensor_digest(digest: Any, name: str, tensor: Any) -> None:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     if not isinstance(tensor, torch.Tensor):
         digest.update(f"{name}:{type(tensor).__name__}:{tensor!r}\n".encode())
+        return
+    if is_traceable_wrapper_subclass(tensor):  # a quantized weight, say: its inner tensors hold the data
+        inner, context = tensor.__tensor_flatten__()
+        digest.update(f"{name}:{type(tensor).__qualname__}:{context!r}\n".encode())
+        for attr in inner:
+            _tensor_digest(digest, f"{name}.{attr}", getattr(tensor, attr))
         return
     t = tensor.detach()
     if t.device.type != "cpu":

@@ -102,7 +102,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     jobs = jobs_from_env()
     cache = usable_cache(report)
     count = len(settings.models)
-    where = f"cache: {cache}" if cache else "cache disabled"
+    where = f"cache: {cache.root}" if cache else "cache disabled"
     report.info(f"aoti: building {count} model{'s' if count != 1 else ''} with AOTInductor ({where})")
     preparing = threading.Thread(target=tagging.prepare, name="hatch-aoti-tagging", daemon=True)
     preparing.start()  # loads the tagging tables while the coordinator works
@@ -113,7 +113,8 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
         "sys_path": project.import_paths,
         "cwd": str(project.root),
         "package": project.package,
-        "cache": str(cache) if cache else None,
+        "cache": str(cache.root) if cache else None,
+        "cache_max_size": cache.max_size if cache else None,
         "jobs": jobs,
     }
     Coordination(job, stage, settings, report).run()
@@ -194,11 +195,14 @@ def jobs_from_env() -> int:
         return os.cpu_count() or 1
 
 
-def usable_cache(report: Reporter) -> Path | None:
-    """The compile cache's root, or ``None`` if disabled or not to be trusted (with a warning)."""
+def usable_cache(report: Reporter) -> Any:
+    """The compile cache, or ``None`` if disabled or not to be trusted (with a warning)."""
     from hatch_aoti import cache
 
-    store = cache.from_env()
+    try:
+        store = cache.from_env()
+    except ValueError as exc:
+        raise BuildFailed(str(exc)) from None
     if store is None:
         return None
     why = cache.untrusted(store.root)
@@ -206,7 +210,7 @@ def usable_cache(report: Reporter) -> Path | None:
         report.warning(f"aoti: not using the compile cache at {store.root}: {why}. Whoever can write there can "
                        f"put code into the wheels built from it; fix this or set {cache.ENV_DIR}")  # fmt: skip
         return None
-    return store.root
+    return store
 
 
 def _tag(package: Path) -> tuple[str, str | None]:

@@ -118,10 +118,18 @@ def run(job: dict[str, Any], parent: Parent) -> int:
             files = backend.compile(backends.Request(task.model, exported, task.configs, Path(task.out),
                                                      Path(job["work"])))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - reported against the model
-            parent.emit("failed", model=task.model, error=f"the {task.backend} backend failed: {type(exc).__name__}: {exc}")
+            parent.emit("failed", model=task.model, error=_why(task, exc, Path(job["work"])))
             continue
         parent.emit("compiled", model=task.model, files=files, seconds=time.perf_counter() - start)
     return 0
+
+
+def _why(task: Task, exc: Exception, work: Path) -> str:
+    from hatch_aoti.cache import NoSpace, out_of_space
+
+    if out_of_space(exc):  # the weights twice: Inductor's package, then unpacked
+        return str(NoSpace(work, 2 * Path(task.program).stat().st_size))
+    return f"the {task.backend} backend failed: {type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

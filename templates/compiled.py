@@ -67,29 +67,65 @@ def load(name):
 
 
 def save_pt2(name, path):
-    """Write model ``name`` as a standard ``.pt2`` package (``aoti_load_package``, C++)."""
+    """Write model ``name`` as a standard ``.pt2`` package (``aoti_load_package``, C++).
+
+    A model with mapped weights keeps them beside its library there too: load that package
+    with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``.
+    """
     with open(path, "wb") as f:
-        f.write(_pt2_bytes(name, _entry(name)))
+        _write_pt2(name, _entry(name), f)
     return path
 
 
-def _pt2_bytes(name, entry):
-    """The standard ``.pt2`` archive: shipped files plus the small members kept in the manifest."""
+def _write_pt2(name, entry, f):
+    """The standard ``.pt2`` archive: shipped files, the small members kept in the manifest, and
+    the weights pickled one file each again, as torch's own loader reads them."""
     import zipfile
 
     root = os.path.join(_HERE, name)
-    prefix = name
     inline = entry["inline"]
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+    pickled = _pickled_weights(name, entry) if "weights" in entry else {}
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
         for member in entry["members"]:
-            info = zipfile.ZipInfo(f"{prefix}/{member}", date_time=(1980, 1, 1, 0, 0, 0))
+            info = zipfile.ZipInfo(f"{name}/{member}", date_time=(1980, 1, 1, 0, 0, 0))
             if member in inline:
                 archive.writestr(info, inline[member].encode("utf-8"))
+            elif member in pickled:
+                with archive.open(info, "w", force_zip64=True) as out:
+                    pickled[member](out)
             else:
-                with open(os.path.join(root, member), "rb") as f:
-                    archive.writestr(info, f.read())
-    return buffer.getvalue()
+                with open(os.path.join(root, member), "rb") as src, archive.open(info, "w", force_zip64=True) as out:
+                    while chunk := src.read(1 << 24):
+                        out.write(chunk)
+
+
+def _mapped_weights(torch, name, entry, constants):
+    """Views of the model's ``weights.bin``, mapped (page cache, shared between processes), by constant name."""
+    weights = entry["weights"]
+    path = os.path.join(_HERE, name, weights["file"])
+    blob = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
+    views = {}
+    for constant, fqn in constants.items():
+        t = weights["tensors"][fqn]
+        data = blob[t["offset"] : t["offset"] + t["nbytes"]].view(getattr(torch, t["dtype"]))
+        # as_strided counts its offset from the start of the file, in elements of the dtype
+        views[constant] = data.as_strided(t["shape"], t["stride"], t["offset"] // data.element_size() + t["storage_offset"])
+    return views
+
+
+def _pickled_weights(name, entry):
+    """Writers of the weights as Inductor's package format has them (one ``torch.save`` file each), by
+    member; each copies one weight at a time, so that a package of large weights is not held whole."""
+    import json
+
+    import torch
+
+    (config,) = [text for member, text in entry["inline"].items() if member.endswith("weights_config.json")]
+    views = _mapped_weights(torch, name, entry, {fqn: fqn for fqn in entry["weights"]["tensors"]})
+    return {
+        f"data/weights/{file}": (lambda out, view=views[fqn]: torch.save(view.clone(), out))
+        for fqn, (file, *_) in json.loads(config).items()
+    }
 
 
 class _CompiledModel:
@@ -112,6 +148,7 @@ class _CompiledModel:
                 f"({torch.__version__}) sees no CUDA device"
             )
         self._file = os.path.join(_HERE, name, entry["file"])
+        self._weights = None
         _check_cpu(name, entry["cpu"])
         self.backend = entry.get("backend", "aoti")
         if self.backend == "aoti":
@@ -146,6 +183,9 @@ class _CompiledModel:
         try:
             self._runner = _fast_runner(torch, self._file, self.device)
             self._run = self._runner.run
+            if "weights" in entry:
+                self._weights = _mapped_weights(torch, self.name, entry, self._runner.get_constant_names_to_original_fqns())
+                self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
             return self._runner.get_call_spec()
         except (AttributeError, TypeError, ImportError) as exc:
             warnings.warn(
@@ -316,6 +356,7 @@ def _named(model, engine):
     model.__doc__ = f"Compiled model {engine.name!r} on {engine.device}; see {__name__}.info({engine.name!r})."
     model.name, model.device, model.file = engine.name, engine.device, engine._file
     model.runner = engine._runner  # torch's runner underneath (private torch API), for benchmarks
+    model.weights = engine._weights  # the mapped weights the runner uses: they live as long as the model
     return model
 
 
@@ -453,7 +494,11 @@ def _fast_runner(torch, so_path, device):
 
 
 def _public_runner(name, entry):
-    """``aoti_load_package`` on the same files, rebuilt as a ``.pt2`` in memory."""
-    from torch._inductor import aoti_load_package
+    """torch's own loader on the same files, rebuilt as a ``.pt2`` in memory."""
+    from torch.export.pt2_archive._package import load_pt2
 
-    return aoti_load_package(io.BytesIO(_pt2_bytes(name, entry)))
+    archive = io.BytesIO()
+    _write_pt2(name, entry, archive)
+    archive.seek(0)
+    (runner,) = load_pt2(archive, load_weights_from_disk="weights" in entry).aoti_runners.values()
+    return runner

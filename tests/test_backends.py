@@ -119,7 +119,7 @@ def test_every_backend_matches_eager_with_only_torch(mixed_site: Path, runtime: 
             compiled.load("batched")(torch.randn(33, 8))
         except ValueError as exc:
             out["too_big"] = str(exc)
-        out["needs"] = compiled.info("guarded")["needs"]
+        out["needs"], out["factory"] = compiled.info("guarded")["needs"], compiled.info("guarded")["factory"]
         out["imported"] = sorted(m for m in sys.modules if m.startswith(("hatch_aoti", "toy_backend")))
         print(json.dumps(out))
         """
@@ -128,7 +128,8 @@ def test_every_backend_matches_eager_with_only_torch(mixed_site: Path, runtime: 
     errors = {k: v for k, v in result.items() if k.startswith(("fast", "guarded", "batched", "plain"))}
     assert len(errors) == 8 and max(errors.values()) < 1e-5, errors
     assert "'batched'" in result["too_big"] and "batch in [2, 32]" in result["too_big"]
-    assert result["needs"]["module"].startswith("built by mixpkg.models:scaled when the model is loaded")
+    assert result["needs"]["module"].startswith("built by the model's factory (`factory`) when the model is loaded")
+    assert result["factory"] == "mixpkg.models:scaled"
     assert result["needs"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert result["imported"] == [], "the wheel needs neither hatch-aoti nor the backend's package"
 

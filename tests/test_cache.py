@@ -89,6 +89,63 @@ def test_killed_writers_leave_nothing_accepted_and_are_swept(tmp_path: Path) -> 
         live.release()
 
 
+def test_the_cache_keeps_to_its_cap_by_last_use_and_never_takes_an_entry_in_use(tmp_path: Path) -> None:
+    import time
+
+    root = tmp_path / "cache"
+    other = CompileCache(root)  # another build, still running: it holds the entries it stored...
+    for key in ("aa", "bb", "cc"):
+        other.store(key * 32, make_artifact(tmp_path / key), {"entry": {}})
+        time.sleep(0.01)
+    for key in ("aa", "cc"):  # ...but uses only "bb" now
+        os.close(other._held.pop(key * 32))
+    size = json.loads((entry_dir(root, "aa" * 32) / "entry.json").read_text())["size"]
+
+    ours = CompileCache(root, max_size=3 * size)
+    assert ours.lookup("aa" * 32, tmp_path / "out") is not None  # "aa" is the most recently used now
+    ours.store("dd" * 32, make_artifact(tmp_path / "dd"), {"entry": {}})  # four entries, room for three
+    assert {p.name[:2] for p in ours.entries()} == {"aa", "bb", "dd"}, "'cc', used longest ago, went"
+
+    third = CompileCache(root, max_size=size)
+    assert third.evict() == [], "every entry left is in use by one build or another"
+    for fd in ours._held.values():
+        os.close(fd)
+    ours._held.clear()
+    assert {p.name[:2] for p in third.evict()} == {"aa", "dd"}
+    assert [p.name[:2] for p in third.entries()] == ["bb"], "the one in use stays, over the cap or not"
+
+
+def test_the_cap_comes_from_the_environment() -> None:
+    assert cache_mod.from_env({"HATCH_AOTI_CACHE_MAX_SIZE": "512MB"}).max_size == 512 * 2**20
+    assert cache_mod.from_env({"HATCH_AOTI_CACHE_MAX_SIZE": "2 GiB"}).max_size == 2 * 2**30
+    assert cache_mod.from_env({}).max_size == cache_mod.DEFAULT_MAX_SIZE
+    with pytest.raises(ValueError, match="HATCH_AOTI_CACHE_MAX_SIZE must be a size"):
+        cache_mod.from_env({"HATCH_AOTI_CACHE_MAX_SIZE": "lots"})
+
+
+def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """HATCH_AOTI_NO_CACHE: the coordinator never computes a key (it costs a pass over the weights)."""
+    torch = pytest.importorskip("torch")
+    from hatch_aoti import fingerprint
+    from hatch_aoti.checks import Prepared
+    from hatch_aoti.config import parse_settings
+    from hatch_aoti.coordinator import Coordinator
+    from hatch_aoti.inputs import plan_declared
+
+    def no_key(*args, **kwargs):
+        raise AssertionError("a key was computed without a cache")
+
+    monkeypatch.setattr(fingerprint, "cache_key", no_key)
+    (spec,) = parse_settings({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}},
+                             machine="x86_64", flags=set()).models  # fmt: skip
+    model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
+    job = {"stage": str(tmp_path), "cache": None, "loader": "compiled", "package": "p", "jobs": 1}
+    events = []
+    parent = type("Parent", (), {"emit": lambda self, event, **data: events.append(event)})()
+    miss = Coordinator(job, parent).export_and_look_up(model)
+    assert miss is not None and miss.key == "" and "cached" not in events
+
+
 def test_unusable_cache_location_is_a_miss_and_store_raises_oserror(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")

@@ -63,8 +63,12 @@ class Backend:
     #: Whether a compile helper can compile a saved exported program (no eager module there).
     in_helpers: ClassVar[bool] = False
 
-    def settings(self, user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
-        """The settings a model compiles with (shown by ``info()`` and part of the cache key)."""
+    def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:
+        """The settings a model compiles with (shown by ``info()`` and part of the cache key).
+
+        ``user_configs`` are the model's ``inductor-configs``, ``target`` its resolved CPU
+        target, ``spec`` its :class:`hatch_aoti.config.ModelSpec`.
+        """
         return dict(user_configs)
 
     def key(self) -> dict[str, Any]:

@@ -18,8 +18,9 @@ class AotiBackend(Backend):
     name = "aoti"
     in_helpers = True
 
-    def settings(self, user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
-        return inductor_configs(user_configs, target)
+    def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:
+        mapped = MAPPED_WEIGHTS if spec.weights == "mapped" and spec.device == "cpu" else {}
+        return inductor_configs({**mapped, **user_configs}, target)
 
     def compile(self, request: Request) -> dict[str, Any]:
         return compile_program(request.exported, request.out, request.settings, request.work)
@@ -33,6 +34,12 @@ class AotiBackend(Backend):
 #: - a fixed name for the generated files, which are otherwise named by a digest that
 #:   includes the build's paths.
 #: ``inductor-configs`` can change any of them.
+#: ``weights = "mapped"`` (CPU models): the weights stay out of the library, in a file the
+#: loader maps instead of copying (see ``artifacts.py``).
+MAPPED_WEIGHTS: dict[str, Any] = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+}
 WHEEL_DEFAULTS: dict[str, Any] = {
     "aot_inductor.enable_line_tables": False,
     "cpp.dynamic_threads": True,

@@ -21,7 +21,7 @@ from hatch_aoti.backends import Backend, Pins, Request
 class PrecompileBackend(Backend):
     name = "precompile"
 
-    def settings(self, user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:
         from hatch_aoti.backends.aoti import inductor_configs
 
         return inductor_configs(user_configs, target)
@@ -60,10 +60,9 @@ class PrecompileBackend(Backend):
             "sha256": sha256(path),
             "python": python,
             "torch": torch_version,
-            "factory": request.factory,
             "needs": {
-                "module": f"built by {request.factory} when the model is loaded (the wheel's own code "
-                          "and weights)",
+                "module": "built by the model's factory (`factory`) when the model is loaded, from the wheel's "
+                          "own code and weights",
                 "python": python,
                 "torch": torch_version,
                 "c++ compiler": "the kernels are compiled when the model is loaded",
