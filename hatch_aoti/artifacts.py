@@ -76,6 +76,13 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
+    """sha256 of every file under ``directory`` by relative path (``known`` ones not read again):
+    what ``hatch-aoti verify`` checks an installed model's files against."""
+    return {rel: known.get(rel) or sha256(directory / rel)
+            for rel in sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())}  # fmt: skip
+
+
 def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     """Unpack one model's ``.pt2`` into ``target``; describe what the loader needs (paths relative to it).
 

@@ -93,9 +93,12 @@ def disabled(environ: dict[str, str] | None = None) -> bool:
 
 def from_env(environ: dict[str, str] | None = None) -> CompileCache | None:
     """The cache the environment asks for; ``None`` when ``HATCH_AOTI_NO_CACHE`` is set."""
+    return None if disabled(environ) else configured(environ)
+
+
+def configured(environ: dict[str, str] | None = None) -> CompileCache:
+    """The cache at ``HATCH_AOTI_CACHE_DIR`` (or the default) with its cap, whether builds use it or not."""
     env = os.environ if environ is None else environ
-    if disabled(env):
-        return None
     root = env.get(ENV_DIR)
     cap = env.get(ENV_MAX_SIZE, "").strip()
     return CompileCache(Path(root).expanduser().absolute() if root else default_root(),
@@ -213,26 +216,44 @@ class CompileCache:
 
     def evict(self) -> list[Path]:
         """Remove the entries used longest ago until the cache fits its cap, skipping any a build uses."""
-        entries = []
-        for entry_dir in self.entries():
-            try:
-                used = (entry_dir / "entry.json").stat().st_mtime
-                size = int(json.loads((entry_dir / "entry.json").read_text(encoding="utf-8")).get("size", 0))
-            except (OSError, ValueError):
-                continue
-            entries.append((used, size, entry_dir))
+        entries = [(used, int(record.get("size", 0)), entry_dir) for entry_dir, record, used in self.records()]
         total, evicted = sum(size for _, size, _ in entries), []
         for _, size, entry_dir in sorted(entries):
             if total <= self.max_size:
                 break
-            fd = None if entry_dir.name in self._held else self._exclusive(entry_dir)
-            if fd is None:
-                continue  # in use by this build or another
-            self._discard(entry_dir)
-            os.close(fd)
-            total -= size
-            evicted.append(entry_dir)
+            if self._remove(entry_dir):
+                total -= size
+                evicted.append(entry_dir)
         return evicted
+
+    def clear(self) -> tuple[list[Path], list[Path]]:
+        """Remove every entry no build is using: (removed, in use)."""
+        removed, in_use = [], []
+        for entry_dir in self.entries():
+            (removed if self._remove(entry_dir) else in_use).append(entry_dir)
+        return removed, in_use
+
+    def records(self) -> list[tuple[Path, dict[str, Any], float]]:
+        """Each readable entry's directory, record, and when a build last used it."""
+        found = []
+        for entry_dir in self.entries():
+            try:
+                used = (entry_dir / "entry.json").stat().st_mtime
+                record = json.loads((entry_dir / "entry.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict):
+                found.append((entry_dir, record, used))
+        return found
+
+    def _remove(self, entry_dir: Path) -> bool:
+        """Remove an entry unless a build (this one or another) holds it."""
+        fd = None if entry_dir.name in self._held else self._exclusive(entry_dir)
+        if fd is None:
+            return False
+        self._discard(entry_dir)
+        os.close(fd)
+        return True
 
     def _hold(self, key: str, entry_dir: Path) -> bool:
         """Lock the entry shared for as long as this process lives, and record its use (for eviction)."""

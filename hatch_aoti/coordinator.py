@@ -255,6 +255,7 @@ class Coordinator:
             self.fail(miss.name, "compile", outcome.error)
             return
         entry = {**outcome.files, **miss.entry}
+        entry["files"] = shipped_files(self.artifacts / miss.name, entry)
         self.emit("stage", model=miss.name, stage="verify")
         start = time.perf_counter()
         try:
@@ -324,6 +325,15 @@ class Coordinator:
         return module
 
 
+def shipped_files(directory: Path, entry: dict[str, Any]) -> dict[str, str]:
+    """sha256 of each of a model's files, reusing the digests its backend already made."""
+    from hatch_aoti.artifacts import file_hashes
+
+    weights = entry.get("weights", {})
+    known = {entry.get("file"): entry.get("sha256"), weights.get("file"): weights.get("sha256")}
+    return file_hashes(directory, {k: v for k, v in known.items() if k and v})
+
+
 def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dict[str, Any]) -> None:
     """Let the compiled model run on the eager module's own weights while it is verified.
 
@@ -332,8 +342,6 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
     has too is first compared, byte for byte, with its place in the file, read in chunks
     without mapping it, so the file that ships is checked all the same.
     """
-    import torch
-
     fqns = compiled.runner.get_constant_names_to_original_fqns()
     owners = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     constants = dict(compiled.weights)

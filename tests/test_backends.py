@@ -3,84 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Runtime, build_no_isolation, write_project
+from conftest import TOY, Runtime
 
 from hatch_aoti.backends import Backend, Pins, combined_pins
-
-TOY = Path(__file__).with_name("toy_backend")
-
-MODELS = """
-    import torch
-    from torch import nn
-
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(8, 4)
-
-        def forward(self, x, *, scale):
-            y = self.lin(x) * scale
-            return {"y": y, "norm": y.norm(dim=-1)}
-
-    def scaled():
-        torch.manual_seed(0)
-        return Scaled()
-
-    def mlp():
-        torch.manual_seed(1)
-        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
-"""
-HOOK = """
-    [tool.hatch.build.targets.wheel.hooks.aoti.models.fast]
-    factory = "mixpkg.models:scaled"
-    inputs = [{ shape = [2, 8] }]
-    kwargs = { scale = { shape = [2, 1] } }
-
-    [tool.hatch.build.targets.wheel.hooks.aoti.models.guarded]
-    backend = "precompile"
-    factory = "mixpkg.models:scaled"
-    inputs = [{ shape = [2, 8] }]
-    kwargs = { scale = { shape = [2, 1] } }
-
-    [tool.hatch.build.targets.wheel.hooks.aoti.models.batched]
-    backend = "precompile"
-    factory = "mixpkg.models:mlp"
-    inputs = [{ shape = ["batch", 8] }]
-    dynamic = { batch = { min = 2, max = 32 } }
-
-    [tool.hatch.build.targets.wheel.hooks.aoti.models.plain]
-    backend = "export"
-    factory = "mixpkg.models:mlp"
-    inputs = [{ shape = ["batch", 8] }]
-    dynamic = { batch = { min = 1, max = 32 } }
-"""
-
-
-@pytest.fixture(scope="session")
-def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One wheel, four models: aoti, precompile with kwargs, precompile with a dynamic batch, and
-    the third-party ``export`` backend (tests/toy_backend, found through its entry point)."""
-    root = write_project(tmp_path_factory.mktemp("mixed") / "proj", "mixpkg", HOOK, {"models.py": MODELS})
-    env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2"}
-    proc = build_no_isolation(root, root / "dist", env=env)
-    (wheel,) = (root / "dist").glob("*.whl")
-    return wheel, proc.stderr
-
-
-@pytest.fixture(scope="session")
-def mixed_site(mixed_wheel: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    site = tmp_path_factory.mktemp("mixed-site")
-    with zipfile.ZipFile(mixed_wheel[0]) as zf:
-        zf.extractall(site)
-    return site
-
 
 pytestmark = pytest.mark.integration
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -236,3 +237,10 @@ def test_editable_install_loads_compiled_models(src_project: Path, dev_venv: Pat
     assert float(err) < 1e-5
     after = sorted(p.relative_to(src_project) for p in src_project.rglob("*") if "__pycache__" not in p.parts)
     assert after == before, "an editable install must not write into the source tree"
+    # `hatch-aoti` finds the editable install's models by package and by loader name.
+    site = next((dev_venv / "lib").glob("python3.*/site-packages"))
+    cli = (f"import site, sys; site.addsitedir({str(site)!r}); from hatch_aoti.cli import main;"
+           "sys.exit(main(['verify', sys.argv[1], '--json']))")  # fmt: skip
+    for name in ("srcpkg", "srcpkg.aot"):
+        report = json.loads(run([sys.executable, "-c", cli, name], cwd=dev_venv).stdout)
+        assert report["passed"] and report["models"]["tagger"]["status"] == "ok", report

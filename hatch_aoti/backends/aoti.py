@@ -53,6 +53,8 @@ def inductor_configs(user_configs: dict[str, Any], target: Any) -> dict[str, Any
 
     known = set(torch._inductor.config.get_config_copy())
     defaults = {k: v for k, v in WHEEL_DEFAULTS.items() if k in known}  # older releases lack some
+    if getattr(torch._inductor.config.cpp, "enable_kernel_profile", False):  # TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE
+        defaults["cpp.enable_kernel_profile"] = True  # recorded, so `hatch-aoti inspect` and `profile` see it
     # The target applies to CUDA models too: their wrapper is CPU code built with -march.
     return {**defaults, **target.inductor_configs, **user_configs}
 

@@ -1,0 +1,98 @@
+"""``hatch-aoti cache info | prune | clear``: the compile cache builds share, and the bytecode store in it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti import cache
+from hatch_aoti.cli.output import Output, human_size
+from hatch_aoti.cli.target import CliError
+
+
+def store(max_size: str | None = None) -> cache.CompileCache:
+    """The cache builds in this environment use (``HATCH_AOTI_CACHE_DIR``, ``HATCH_AOTI_CACHE_MAX_SIZE``)."""
+    try:
+        found = cache.configured()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if max_size is not None:
+        try:
+            found.max_size = cache.parse_size(max_size)
+        except ValueError:
+            raise CliError(f"--max-size must be a size such as 20GB, 512MB or a number of bytes, not {max_size!r}") from None
+    return found
+
+
+def info(out: Output) -> int:
+    compile_cache = store()
+    now = time.time()
+    entries = [{"key": d.name, "backend": r.get("entry", {}).get("backend", "?"),
+                "device": r.get("entry", {}).get("device", "?"), "size": _entry_size(d, r),
+                "last_used_s_ago": round(now - used)}
+               for d, r, used in sorted(compile_cache.records(), key=lambda x: -x[2])]  # fmt: skip
+    bytecode = _usage(compile_cache.root / "bytecode")
+    data = {"root": str(compile_cache.root), "untrusted": cache.untrusted(compile_cache.root),
+            "max_size": compile_cache.max_size, "size": sum(e["size"] for e in entries), "entries": entries,
+            "bytecode": {"path": str(compile_cache.root / "bytecode"), **bytecode}}  # fmt: skip
+    out.data(data)
+    if out.json:
+        return 0
+    out.line(f"compile cache: {data['root']}, {len(entries)} entries, {human_size(data['size'])} "
+             f"of {human_size(data['max_size'])} ({cache.ENV_MAX_SIZE})")  # fmt: skip
+    if data["untrusted"]:
+        out.line(f"builds do not use it: {data['untrusted']}", style="red")
+    rows = [[e["key"][:16], e["backend"], e["device"], human_size(e["size"]), _age(e["last_used_s_ago"])]
+            for e in entries]  # fmt: skip
+    out.table(["key", "backend", "device", "size", "last used"], rows)
+    out.line(f"bytecode store: {data['bytecode']['path']}, {bytecode['files']} files, {human_size(bytecode['size'])} "
+             "(delete it at any time)")  # fmt: skip
+    return 0
+
+
+def prune(out: Output, max_size: str | None) -> int:
+    compile_cache = store(max_size)
+    removed = compile_cache.evict()
+    data = {"root": str(compile_cache.root), "max_size": compile_cache.max_size,
+            "removed": [p.name for p in removed], "size": _entries_size(compile_cache)}  # fmt: skip
+    out.data(data)
+    out.line(f"removed {len(removed)} entries used longest ago; {human_size(data['size'])} left "
+             f"(cap {human_size(compile_cache.max_size)})")  # fmt: skip
+    return 0
+
+
+def clear(out: Output) -> int:
+    compile_cache = store()
+    removed, in_use = compile_cache.clear()
+    bytecode = compile_cache.root / "bytecode"
+    freed = _usage(bytecode)
+    shutil.rmtree(bytecode, ignore_errors=True)
+    data = {"root": str(compile_cache.root), "removed": [p.name for p in removed], "in_use": [p.name for p in in_use],
+            "bytecode_removed": freed}  # fmt: skip
+    out.data(data)
+    out.line(f"removed {len(removed)} entries and the bytecode store ({human_size(freed['size'])})"
+             + (f"; {len(in_use)} entries in use by a running build were kept" if in_use else ""))  # fmt: skip
+    return 0
+
+
+def _entries_size(compile_cache: cache.CompileCache) -> int:
+    return sum(_entry_size(entry_dir, record) for entry_dir, record, _ in compile_cache.records())
+
+
+def _entry_size(entry_dir: Path, record: dict[str, Any]) -> int:
+    """The size the entry's record gives, or else its files' (entries stored before records had one)."""
+    return int(record.get("size") or _usage(entry_dir / "artifact")["size"])
+
+
+def _usage(path: Path) -> dict[str, Any]:
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    return {"files": len(files), "size": sum(p.stat().st_size for p in files)}
+
+
+def _age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"

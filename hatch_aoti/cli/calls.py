@@ -1,0 +1,107 @@
+"""Inputs for a compiled model, made from its manifest entry alone (no factory, no samples).
+
+Each named dynamic dim is tried at its example size and at both ends of its range. Values
+are random normals for floating dtypes and 0/1 for integers and bools, which any
+embedding or index input accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    sizes: dict[str, int]
+
+
+def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
+    """Each named dynamic dim's (min, max); max ``None`` when unbounded."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for leaf in entry["call"]:
+        for d in leaf.get("shape", []):
+            if isinstance(d, dict):
+                found.setdefault(d["name"], (d["min"], d["max"]))
+    return found
+
+
+def example_sizes(entry: dict[str, Any]) -> dict[str, int]:
+    """The sizes the build verified as its example, where the report has them; else mid-range."""
+    sizes = {name: lo if hi is None else (lo + hi) // 2 for name, (lo, hi) in dims(entry).items()}
+    tried = [t for t in entry.get("verification", {}).get("tried", []) if t.get("inputs") == "example"]
+    tensors = [leaf for leaf in entry["call"] if "const" not in leaf]
+    if tried and len(tried[0]["shapes"]) == len(tensors):
+        for leaf, shape in zip(tensors, tried[0]["shapes"]):
+            if len(shape) == len(leaf["shape"]):
+                sizes.update({d["name"]: n for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)})
+    return sizes
+
+
+def cases(entry: dict[str, Any], overrides: dict[str, int] | None = None) -> list[Case]:
+    """The example, then each dynamic dim at its min and max (the others at their example sizes)."""
+    example = {**example_sizes(entry), **(overrides or {})}
+    found = [Case("example", example)]
+    if overrides:
+        return found
+    for name, (lo, hi) in dims(entry).items():
+        for label, size in (("min", lo), ("max", hi)):
+            if size is not None and size != example[name]:
+                found.append(Case(f"{name}={size} ({label})", {**example, name: size}))
+    return found
+
+
+def parse_shape(texts: list[str], entry: dict[str, Any]) -> dict[str, int]:
+    """``--shape batch=8`` options as sizes; a ValueError names the unknown dim or the range."""
+    known, sizes = dims(entry), {}
+    for text in texts:
+        name, _, value = text.partition("=")
+        if name not in known:
+            raise ValueError(f"--shape {text}: no dynamic dim {name!r}; the model's: {', '.join(known) or 'none'}")
+        lo, hi = known[name]
+        if not value.isdigit() or int(value) < lo or (hi is not None and int(value) > hi):
+            raise ValueError(f"--shape {text}: {name} must be an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+        sizes[name] = int(value)
+    return sizes
+
+
+def in_spec(entry: dict[str, Any], model: Any) -> str:
+    """The serialised structure of the model's inputs: the manifest's, or else its AOTInductor runner's."""
+    if "call_spec" in entry:
+        return entry["call_spec"][0]
+    return model.runner.get_call_spec()[0]
+
+
+def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int = 0) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) with the structure ``spec`` (see :func:`in_spec`), at ``sizes``."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    generator = torch.Generator().manual_seed(seed)
+    leaves = [_leaf(torch, leaf, sizes, generator) for leaf in entry["call"]]
+    args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(spec))
+    return tuple(args), dict(kwargs)
+
+
+def _leaf(torch: Any, leaf: dict[str, Any], sizes: dict[str, int], generator: Any) -> Any:
+    if "const" in leaf:
+        return leaf["const"]
+    shape = [d if isinstance(d, int) else sizes[d["name"]] for d in leaf["shape"]]
+    dtype = getattr(torch, leaf["dtype"])
+    if dtype.is_floating_point or dtype.is_complex:
+        value = torch.randn(shape, generator=generator).to(dtype)
+    else:
+        value = torch.randint(0, 2, shape, generator=generator).to(dtype)
+    return value.to(leaf["device"])
+
+
+def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
+    """``float32[batch, 128], int64[2, 7]``: the tensor inputs, at ``sizes`` or with their dims' names."""
+    parts = []
+    for leaf in entry["call"]:
+        if "const" not in leaf:
+            shape = [str(d) if isinstance(d, int) else str(sizes[d["name"]]) if sizes else d["name"]
+                     for d in leaf["shape"]]  # fmt: skip
+            parts.append(f"{leaf['dtype']}[{', '.join(shape)}]")
+    return ", ".join(parts)

@@ -1,0 +1,117 @@
+"""``hatch-aoti inspect``: what a wheel holds and whether this machine can run it, without loading anything."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hatch_aoti.artifacts import ARTIFACT_DIR, sha256
+from hatch_aoti.cli import calls, machine
+from hatch_aoti.cli.integrity import recorded_files
+from hatch_aoti.cli.output import Output, human_size
+from hatch_aoti.cli.target import Target
+
+
+def collect(target: Target) -> dict[str, Any]:
+    manifest, dist = target.manifest, target.dist
+    return {
+        "target": target.where,
+        "kind": target.kind,
+        "package": target.package,
+        "loader": f"{target.package}.{target.loader_name}",
+        "distribution": {"name": dist.name, "version": dist.version, "tags": dist.tags, "requires": dist.requires},
+        "built_with": {"hatch_aoti": manifest.get("hatch_aoti"), "torch": manifest.get("torch")},
+        "this_machine": {"arch": os.uname().machine, "torch": machine.installed_torch(),
+                         "torch_problem": machine.torch_problem(target)},  # fmt: skip
+        "files": package_files(target),
+        "models": {name: model(target, name, entry) for name, entry in target.models.items()},
+    }
+
+
+def package_files(target: Target) -> list[dict[str, Any]]:
+    """The loader, the manifest and any backend run-time modules, with RECORD's digests where there is one."""
+    paths = [target.package_dir / f"{target.loader_name}.py", *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
+             *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py"))]  # fmt: skip
+    record = {}
+    if target.dist.base is not None:
+        record = {(target.dist.base / rel).resolve(): digest for rel, (digest, _) in target.dist.record.items()}
+    return [{"path": p.relative_to(target.package_dir).as_posix(), "size": _size(p),
+             "sha256": record.get(p.resolve()) or sha256(p)} for p in paths if p.is_file()]  # fmt: skip
+
+
+def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    configs = entry.get("inductor_configs", {})
+    directory = target.package_dir / ARTIFACT_DIR / name
+    return {
+        "backend": entry.get("backend", "aoti"),
+        "device": entry.get("device"),
+        "factory": entry.get("factory"),
+        "inputs": calls.describe(entry),
+        "dynamic": {d: {"min": lo, "max": hi} for d, (lo, hi) in calls.dims(entry).items()},
+        "cpu": entry["cpu"],
+        "runs_here": not machine.problems(target, entry),
+        "problems": machine.problems(target, entry),
+        "weights": "mapped" if "weights" in entry else "in the library",
+        "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
+        "inductor_configs": configs,
+        "verification": entry.get("verification"),
+        "needs": entry.get("needs", {}),
+        "files": [{"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": _size(directory / rel), "sha256": digest}
+                  for rel, digest in recorded_files(entry).items()],  # fmt: skip
+    }
+
+
+def _size(path: os.PathLike[str]) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def run(target: Target, out: Output) -> int:
+    data = collect(target)
+    out.data(data)
+    if not out.json:
+        show(data, out)
+    return 0
+
+
+def show(data: dict[str, Any], out: Output) -> None:
+    dist, here = data["distribution"], data["this_machine"]
+    out.line(f"{data['target']} ({data['kind']}): {dist['name']} {dist['version']}".rstrip(), style="bold")
+    out.line(f"  loader:        {data['loader']}")
+    out.line(f"  built with:    hatch-aoti {data['built_with']['hatch_aoti']}, torch {data['built_with']['torch']}")
+    out.line(f"  wheel tag:     {', '.join(dist['tags']) or '?'}")
+    out.line(f"  Requires-Dist: {', '.join(dist['requires']) or 'none'}")
+    torch_line = f"torch {here['torch']}" if here["torch"] else "no torch"
+    out.line(f"  this machine:  {here['arch']}, {torch_line}"
+             + (f": {here['torch_problem']}" if here["torch_problem"] else ""))  # fmt: skip
+    rows = []
+    for name, m in data["models"].items():
+        dynamic = ", ".join(f"{d} {r['min']}..{r['max'] if r['max'] is not None else 'inf'}"
+                            for d, r in m["dynamic"].items())  # fmt: skip
+        rows.append([name, m["backend"], m["device"], m["inputs"], dynamic or "static", m["cpu"]["target"],
+                     "; ".join(m["problems"]) or "yes"])  # fmt: skip
+    out.table(["model", "backend", "device", "inputs", "dynamic", "cpu target", "runs here"], rows)
+    for name, m in data["models"].items():
+        out.line(f"{name}:", style="bold")
+        out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
+        out.line(f"  weights {m['weights']}; kernel profiling {'compiled in' if m['kernel_profile'] else 'off'}")
+        out.line(f"  verified at build: {_verified(m['verification'])}")
+        for what, need in m["needs"].items():
+            out.line(f"  needs {what}: {need}")
+    files = [[f["path"], human_size(f["size"]), f["sha256"]] for f in data["files"]]
+    files += [[f["path"], human_size(f["size"]), f["sha256"]] for m in data["models"].values() for f in m["files"]]
+    out.table(["file (in the package)", "size", "sha256"], files)
+
+
+def _verified(report: dict[str, Any] | None) -> str:
+    if not report:
+        return "?"
+    if report.get("passed") is None:
+        return f"skipped ({report.get('skipped', '')})"
+    shapes = "; ".join(f"{t['inputs']} {t['shapes']}" for t in report.get("tried", []))
+    tolerance = ""
+    if report.get("rtol") is not None or report.get("atol") is not None:
+        tolerance = f" rtol={report.get('rtol')} atol={report.get('atol')}"
+    return f"{'passed' if report['passed'] else 'FAILED'}{tolerance}: {shapes}"

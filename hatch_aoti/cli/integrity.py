@@ -1,0 +1,91 @@
+"""Shipped files against the digests recorded for them: the manifest's (per model) and RECORD's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.artifacts import ARTIFACT_DIR, sha256
+from hatch_aoti.cli.target import Target
+
+
+def recorded_files(entry: dict[str, Any]) -> dict[str, str]:
+    """A model's files and their sha256 (manifests before per-file digests name the library and weights)."""
+    if "files" in entry:
+        return dict(entry["files"])
+    found = {entry["file"]: entry.get("sha256", "")}
+    if "weights" in entry:
+        found[entry["weights"]["file"]] = entry["weights"].get("sha256", "")
+    return found
+
+
+@dataclass
+class Report:
+    models: dict[str, list[str]] = field(default_factory=dict)
+    """Problems by model."""
+    package: list[str] = field(default_factory=list)
+    """Problems with files of no one model (the loader, the manifest)."""
+    checked: int = 0
+
+
+def check(target: Target) -> Report:
+    report = Report({name: [] for name in target.models})
+    digests: dict[Path, str | None] = {}
+
+    def actual(path: Path) -> str | None:
+        if path not in digests:
+            try:
+                digests[path] = sha256(path)
+            except OSError:
+                digests[path] = None
+        return digests[path]
+
+    artifacts = target.package_dir / ARTIFACT_DIR
+    seen = set()
+    for name, entry in target.models.items():
+        for rel, digest in recorded_files(entry).items():
+            report.checked += 1
+            seen.add((artifacts / name / rel).resolve())
+            problem = _compare(actual(artifacts / name / rel), digest, f"{ARTIFACT_DIR}/{name}/{rel}", "the manifest")
+            if problem:
+                report.models[name].append(problem)
+    for path, digest, rel in _record_in_package(target):
+        if path in seen:
+            continue
+        report.checked += 1
+        problem = _compare(actual(path), digest, rel, "RECORD")
+        if problem:
+            owner = _model_of(path, artifacts, target)
+            (report.models[owner] if owner else report.package).append(problem)
+    return report
+
+
+def _compare(have: str | None, want: str, what: str, source: str) -> str | None:
+    if have is None:
+        return f"{what} is missing"
+    if want and have != want:
+        return f"{what} differs from {source} (sha256 {have[:12]}..., recorded {want[:12]}...): damaged or modified"
+    return None
+
+
+def _record_in_package(target: Target) -> list[tuple[Path, str, str]]:
+    """RECORD's files inside the package directory that have a sha256: (path, digest, path in the package)."""
+    base = target.dist.base
+    if base is None:
+        return []
+    inside = []
+    root = target.package_dir.resolve()
+    for rel, (digest, _size) in target.dist.record.items():
+        path = (base / rel).resolve()
+        if digest and path.is_relative_to(root):
+            inside.append((path, digest, path.relative_to(root).as_posix()))
+    return inside
+
+
+def _model_of(path: Path, artifacts: Path, target: Target) -> str | None:
+    try:
+        first = path.relative_to(artifacts.resolve()).parts[0]
+    except ValueError:
+        return None
+    return first if first in target.models else None

@@ -1,0 +1,57 @@
+"""Compiled and eager models of a target, or the reason one cannot be had here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hatch_aoti.cli import machine
+from hatch_aoti.cli.target import Target
+
+
+class Unavailable(Exception):
+    """The model cannot be run here; ``skipped`` when only a flag is missing."""
+
+    def __init__(self, reason: str, skipped: bool = False) -> None:
+        super().__init__(reason)
+        self.skipped = skipped
+
+
+def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any]:
+    """``compiled.load(name)``, after the checks that need nothing loaded."""
+    entry = target.model(name)
+    problems = machine.problems(target, entry)
+    if problems:
+        raise Unavailable("cannot run here: " + "; ".join(problems))
+    if entry.get("backend") == "precompile":
+        if not package_code:
+            raise Unavailable("precompiled models run the package's own code (their factory) when loaded; "
+                              "pass --eager to allow it", skipped=True)  # fmt: skip
+        target.allow_package_code()
+    problem = machine.device_problem(entry)
+    if problem:
+        raise Unavailable(f"cannot run here: {problem}")
+    try:
+        return target.loader().load(name)
+    except Exception as exc:  # noqa: BLE001 - the loader's refusal is the message
+        raise Unavailable(f"does not load: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def eager(target: Target, name: str) -> Any:
+    """The eager module, from the factory the manifest names, imported from the target."""
+    from hatch_aoti.checks import resolve, short_exception
+
+    entry = target.model(name)
+    factory = entry.get("factory")
+    if not factory:
+        raise Unavailable("the manifest does not name the model's factory (built by hatch-aoti before 0.2)")
+    target.allow_package_code()
+    try:
+        return resolve(factory)().to(entry["device"]).eval()
+    except Exception as exc:  # noqa: BLE001
+        raise Unavailable(f"cannot build the eager model with {factory}: {short_exception(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,231 @@
+"""What a command points at: a wheel file, an installed package, or a project directory.
+
+Each becomes a :class:`Target`: the package directory holding the loader and ``_aoti/``
+(a wheel is extracted to a temporary directory first), its manifest, and what the
+distribution says of itself (tag, ``Requires-Dist``, ``RECORD``). Nothing of the
+package is imported here; :meth:`Target.loader` loads the generated loader by path.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import email.parser
+import importlib.util
+import io
+import json
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from hatch_aoti.artifacts import ARTIFACT_DIR, MANIFEST
+
+
+class CliError(Exception):
+    """A problem with what the user asked for: one line, exit status 2."""
+
+
+@dataclass
+class Dist:
+    """What a distribution says of itself."""
+
+    name: str = ""
+    version: str = ""
+    tags: list[str] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
+    record: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    """``RECORD``: path (relative to :attr:`base`) -> (sha256 in hex, or "", size)."""
+    base: Path | None = None
+
+
+@dataclass
+class Target:
+    kind: str
+    """``wheel``, ``installed`` or ``editable``."""
+    where: str
+    package: str
+    loader_name: str
+    package_dir: Path
+    """Where ``<loader>.py`` and ``_aoti/`` are."""
+    manifest: dict[str, Any]
+    dist: Dist
+    import_root: Path | None = None
+    """Put on ``sys.path`` to import the package's own code (a wheel's extracted files)."""
+
+    @property
+    def models(self) -> dict[str, dict[str, Any]]:
+        return self.manifest["models"]
+
+    def model(self, name: str) -> dict[str, Any]:
+        if name not in self.models:
+            raise CliError(f"no model {name!r} in {self.where}; its models: {', '.join(self.models) or 'none'}")
+        return self.models[name]
+
+    def loader(self) -> ModuleType:
+        """The generated loader, loaded by path under its installed name (the package is not imported)."""
+        name, path = f"{self.package}.{self.loader_name}", self.package_dir / f"{self.loader_name}.py"
+        if getattr(sys.modules.get(name), "__file__", None) == str(path):
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise CliError(f"cannot load {self.package_dir / self.loader_name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def allow_package_code(self) -> None:
+        """Let the package's own modules (factories) be imported: for ``--eager`` and precompiled models."""
+        if self.import_root is not None and str(self.import_root) not in sys.path:
+            sys.path.insert(0, str(self.import_root))
+
+
+@contextlib.contextmanager
+def open_target(text: str) -> Iterator[Target]:
+    """The target ``text`` names; a wheel's temporary directory is removed afterwards."""
+    path = Path(text)
+    if text.endswith(".whl") or path.is_file():
+        if not path.is_file():
+            raise CliError(f"no such wheel: {text}")
+        with tempfile.TemporaryDirectory(prefix="hatch-aoti-") as tmp:
+            yield from_wheel(path, Path(tmp))
+        return
+    if path.is_dir():
+        with open_target(str(newest_wheel(path))) as target:
+            yield target
+        return
+    yield from_installed(text)
+
+
+def newest_wheel(project: Path) -> Path:
+    wheels = sorted((project / "dist").glob("*.whl"), key=lambda p: p.stat().st_mtime)
+    if not (project / "pyproject.toml").is_file() and not wheels:
+        raise CliError(f"{project} is neither a wheel, an installed package nor a project directory")
+    if not wheels:
+        raise CliError(f"no wheel in {project / 'dist'}: build one first (python -m build {project})")
+    return wheels[-1]
+
+
+def from_wheel(wheel: Path, into: Path) -> Target:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            manifests = sorted(n for n in names if n.endswith(f"/{ARTIFACT_DIR}/{MANIFEST}"))
+            if not manifests:
+                raise CliError(f"{wheel} was not built by hatch-aoti: it has no {ARTIFACT_DIR}/{MANIFEST}")
+            archive.extractall(into)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise CliError(f"cannot read {wheel} as a wheel: {exc}") from None
+    package_dir = into / manifests[0].rsplit(f"/{ARTIFACT_DIR}/", 1)[0]
+    return _target("wheel", str(wheel), package_dir, wheel_dist(into), import_root=into)
+
+
+def wheel_dist(root: Path) -> Dist:
+    infos = sorted(root.glob("*.dist-info"))
+    if not infos:
+        return Dist(base=root)
+    return read_dist(*(_read(infos[0] / n) for n in ("METADATA", "WHEEL", "RECORD")), root)
+
+
+def read_dist(metadata_text: str, wheel_text: str, record_text: str, base: Path) -> Dist:
+    """Name, version, tags, requirements and RECORD from a ``.dist-info``'s files."""
+    parse = email.parser.Parser().parsestr
+    metadata, wheel = parse(metadata_text), parse(wheel_text)
+    record: dict[str, tuple[str, int | None]] = {}
+    for row in csv.reader(io.StringIO(record_text)):
+        if len(row) >= 3 and row[0]:
+            record[row[0]] = (_hex(row[1]), int(row[2]) if row[2].isdigit() else None)
+    return Dist(metadata.get("Name", ""), metadata.get("Version", ""), wheel.get_all("Tag") or [],
+                metadata.get_all("Requires-Dist") or [], record, base)  # fmt: skip
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _hex(digest: str) -> str:
+    """RECORD's ``sha256=<urlsafe base64>`` as hex; "" for other algorithms or none."""
+    algorithm, _, value = digest.partition("=")
+    if algorithm != "sha256" or not value:
+        return ""
+    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+
+
+def from_installed(name: str) -> Target:
+    """``my_pkg`` or ``my_pkg.compiled``, found on ``sys.path`` without importing anything."""
+    parts = name.split(".")
+    found = _package_dir(parts) if all(p.isidentifier() for p in parts) else None
+    if found is None:
+        raise CliError(f"no such wheel, directory or installed package: {name}")
+    package_dir, package, loader = found
+    kind = "installed"
+    if not (package_dir / ARTIFACT_DIR / MANIFEST).is_file():
+        editable = _package_dir([f"_hatch_aoti_{'_'.join(package)}"])
+        if editable is None or not (editable[0] / ARTIFACT_DIR / MANIFEST).is_file():
+            raise CliError(f"{name} has no models compiled by hatch-aoti (no {ARTIFACT_DIR}/{MANIFEST} in {package_dir})")
+        package_dir, kind = editable[0], "editable"
+    target = _target(kind, name, package_dir, installed_dist(parts[0], package_dir), package=".".join(package))
+    if loader is not None and loader != target.loader_name:
+        raise CliError(f"{name}: the compiled models' loader is {target.package}.{target.loader_name}, not {loader}")
+    return target
+
+
+def _package_dir(parts: list[str]) -> tuple[Path, list[str], str | None] | None:
+    """(directory, dotted name) of the package ``parts`` names, and the module named after it, if any."""
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    here, depth = Path(list(spec.submodule_search_locations)[0]), 1
+    while depth < len(parts) and (here / parts[depth]).is_dir():
+        here, depth = here / parts[depth], depth + 1
+    rest = parts[depth:]
+    if len(rest) > 1:
+        return None
+    return here, parts[:depth], rest[0] if rest else None
+
+
+def installed_dist(top: str, package_dir: Path) -> Dist:
+    """The installed distribution that owns the package (``Dist()`` if none says so)."""
+    from importlib import metadata
+
+    owners = metadata.packages_distributions()
+    for name in [*owners.get(top, []), *owners.get(package_dir.name, [])]:
+        dist = metadata.distribution(name)
+        texts = [dist.read_text(n) or "" for n in ("METADATA", "WHEEL", "RECORD")]
+        return read_dist(*texts, Path(str(dist.locate_file(""))))
+    return Dist()
+
+
+def _target(kind: str, where: str, package_dir: Path, dist: Dist, *, import_root: Path | None = None,
+            package: str = "") -> Target:  # fmt: skip
+    """``package`` defaults to the manifest's, or else to the package's path in the extracted wheel."""
+    try:
+        manifest = json.loads((package_dir / ARTIFACT_DIR / MANIFEST).read_text(encoding="utf-8"))
+        manifest["models"].items()
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise CliError(f"{where}: unreadable {ARTIFACT_DIR}/{MANIFEST} ({exc})") from None
+    if not package:
+        package = manifest.get("package") or ".".join(package_dir.relative_to(import_root or package_dir).parts)
+    loader = manifest.get("loader") or _find_loader(package_dir)
+    return Target(kind, where, package, loader, package_dir, manifest, dist, import_root)
+
+
+def _find_loader(package_dir: Path) -> str:
+    """The generated loader's module name, for manifests that do not record it."""
+    for path in sorted(package_dir.glob("*.py")):
+        with contextlib.suppress(OSError), path.open(encoding="utf-8") as f:
+            if f.read(200).startswith('"""Ahead-of-time compiled models of this package.'):
+                return path.stem
+    return "compiled"

@@ -1,0 +1,83 @@
+"""``hatch-aoti verify``: every shipped file against its recorded digest, then every model loaded and run here.
+
+A model whose files fail their digests is not loaded: a damaged library could crash
+the process instead of raising.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hatch_aoti.cli import calls, integrity, models
+from hatch_aoti.cli.output import Output
+from hatch_aoti.cli.target import Target
+
+
+def run(target: Target, out: Output, eager: bool) -> int:
+    files = integrity.check(target)
+    results: dict[str, dict[str, Any]] = {}
+    with out.progress(len(target.models), "verifying") as step:
+        for name in target.models:
+            results[name] = verify(target, name, files.models[name], eager)
+            step(name)
+    passed = not files.package and all(r["status"] != "failed" for r in results.values())
+    data = {"target": target.where, "passed": passed,
+            "files": {"checked": files.checked, "problems": files.package}, "models": results}  # fmt: skip
+    out.data(data)
+    if not out.json:
+        show(data, out)
+    return 0 if passed else 1
+
+
+def verify(target: Target, name: str, damaged: list[str], eager: bool) -> dict[str, Any]:
+    if damaged:
+        return {"status": "failed", "reason": "; ".join(damaged), "cases": []}
+    try:
+        model = models.compiled(target, name, eager)
+        module = models.eager(target, name) if eager else None
+    except models.Unavailable as exc:
+        return {"status": "skipped" if exc.skipped else "failed", "reason": str(exc), "cases": []}
+    entry = target.model(name)
+    tried = [run_case(entry, model, module, case) for case in calls.cases(entry)]
+    bad = [c for c in tried if "error" in c]
+    reason = f"{bad[0]['case']}: {bad[0]['error']}" if bad else ""
+    return {"status": "failed" if bad else "ok", "reason": reason, "cases": tried}
+
+
+def run_case(entry: dict[str, Any], model: Any, module: Any, case: calls.Case) -> dict[str, Any]:
+    import torch
+
+    from hatch_aoti.verify import compare
+
+    result: dict[str, Any] = {"case": case.label, "inputs": calls.describe(entry, case.sizes)}
+    args, kwargs = calls.make_inputs(entry, case.sizes, calls.in_spec(entry, model))
+    with torch.no_grad():
+        try:
+            actual = model(*args, **kwargs)
+            expected = module(*args, **kwargs) if module is not None else None
+        except Exception as exc:  # noqa: BLE001 - reported per case
+            result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return result
+    if module is not None:
+        report = entry.get("verification") or {}
+        comparison = compare(case.label, expected, actual, report.get("rtol"), report.get("atol"))
+        result.update(max_abs_err=comparison.max_abs, max_rel_err=comparison.max_rel)
+        if comparison.problems:
+            result["error"] = "differs from eager: " + "; ".join(comparison.problems)
+    return result
+
+
+def show(data: dict[str, Any], out: Output) -> None:
+    for problem in data["files"]["problems"]:
+        out.line(f"FAILED  {problem}", style="red")
+    for name, r in data["models"].items():
+        if r["status"] == "ok":
+            cases = ", ".join(c["case"] for c in r["cases"])
+            compared = " (matches eager)" if any("max_abs_err" in c for c in r["cases"]) else ""
+            out.line(f"ok      {name}: ran {cases}{compared}", style="green")
+        elif r["status"] == "skipped":
+            out.line(f"skipped {name}: {r['reason']}", style="yellow")
+        else:
+            out.line(f"FAILED  {name}: {r['reason']}", style="red")
+    verdict = "passed" if data["passed"] else "FAILED"
+    out.line(f"{verdict}: {data['files']['checked']} file digests checked, {len(data['models'])} models")

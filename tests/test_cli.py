@@ -1,0 +1,271 @@
+"""The ``hatch-aoti`` command line on real wheels: sample_project's (as a wheel and installed) and the mixed-backend one.
+
+Most commands run in this process (``main([...])``), which has torch imported already;
+a few run as the console script, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import run
+
+from hatch_aoti import cache
+from hatch_aoti.cli import calls, main
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    """Run a command with ``--json`` in this process: (exit status, its document).
+
+    Its imports (loaders, a wheel's package) are undone afterwards, as its own process
+    ending would; the package modules it imported are kept in ``IMPORTED``.
+    """
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        status = main([*args, "--json"])
+    finally:
+        sys.path[:] = path
+        IMPORTED[:] = sorted(n for n in set(sys.modules) - modules if n.startswith(("sample_models", "mixpkg")))
+        for name in IMPORTED:
+            del sys.modules[name]
+    return status, json.loads(capsys.readouterr().out)
+
+
+IMPORTED: list[str] = []
+
+
+def script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The console script, as a user runs it (output piped)."""
+    command = [str(Path(sys.executable).with_name("hatch-aoti")), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+
+
+# -- no compiling: the command's own logic -------------------------------------------------
+
+ENTRY = {
+    "call": [{"dtype": "int64", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8}, 7]},
+             {"dtype": "float32", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8},
+                                                              {"name": "seq", "min": 2, "max": None}]}],
+    "verification": {"tried": [{"inputs": "example", "shapes": [[3, 7], [3, 5]]}]},
+}  # fmt: skip
+
+
+def test_cases_are_the_example_and_each_dims_ends() -> None:
+    assert calls.example_sizes(ENTRY) == {"batch": 3, "seq": 5}
+    labels = [(c.label, c.sizes) for c in calls.cases(ENTRY)]
+    assert labels == [("example", {"batch": 3, "seq": 5}), ("batch=1 (min)", {"batch": 1, "seq": 5}),
+                      ("batch=8 (max)", {"batch": 8, "seq": 5}), ("seq=2 (min)", {"batch": 3, "seq": 2})]  # fmt: skip
+    assert calls.describe(ENTRY) == "int64[batch, 7], float32[batch, seq]"
+    assert calls.parse_shape(["batch=8", "seq=100"], ENTRY) == {"batch": 8, "seq": 100}
+    for bad, message in (["batch=9"], "batch must be an integer in [1, 8]"), (["len=3"], "no dynamic dim 'len'"):
+        with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+            calls.parse_shape(bad, ENTRY)
+
+
+def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = tmp_path / "plain-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("plain/__init__.py", "")
+        zf.writestr("plain-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    (tmp_path / "garbage.whl").write_bytes(b"not a zip")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    cases = {
+        str(tmp_path / "missing.whl"): "no such wheel",
+        str(plain): "was not built by hatch-aoti: it has no _aoti/manifest.json",
+        str(tmp_path / "garbage.whl"): "cannot read",
+        str(tmp_path / "proj"): "no wheel in",
+        "no_such_package_here": "no such wheel, directory or installed package",
+        "json": "json has no models compiled by hatch-aoti",
+    }
+    for target, message in cases.items():
+        assert main(["inspect", target]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hatch-aoti: error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    status, document = cli(capsys, "verify", str(plain))
+    assert status == 2 and "not built by hatch-aoti" in document["error"]
+
+
+def test_cache_info_prune_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV_DIR, str(root))
+    store = cache.CompileCache(root)
+    for n, size in enumerate((1000, 3000, 5000)):
+        artifact = tmp_path / f"a{n}"
+        artifact.mkdir()
+        (artifact / "lib.so").write_bytes(b"x" * size)
+        store.store(f"{n:02d}" * 32, artifact, {"entry": {"backend": "aoti", "device": "cpu"}})
+        os.utime(store._entry_dir(f"{n:02d}" * 32) / "entry.json", (1000 + n, 1000 + n))
+    for fd in store._held.values():  # as when the build that stored them has ended
+        os.close(fd)
+    (root / "bytecode").mkdir()
+    (root / "bytecode" / "ab").write_bytes(b"y" * 10)
+    status, info = cli(capsys, "cache", "info")
+    assert status == 0 and [e["size"] for e in info["entries"]] == [5000, 3000, 1000]  # most recently used first
+    assert info["size"] == 9000 and info["bytecode"]["files"] == 1 and info["untrusted"] is None
+    status, pruned = cli(capsys, "cache", "prune", "--max-size", "8500")  # oldest first, down to the size
+    assert pruned["removed"] == ["00" * 32] and pruned["size"] == 8000
+    assert main(["cache", "prune", "--max-size", "lots"]) == 2
+    assert "--max-size must be a size" in capsys.readouterr().err
+    status, cleared = cli(capsys, "cache", "clear")
+    assert sorted(cleared["removed"]) == ["01" * 32, "02" * 32] and cleared["bytecode_removed"]["size"] == 10
+    assert cli(capsys, "cache", "info")[1]["entries"] == [] and not (root / "bytecode").exists()
+
+
+# -- on sample_project's wheel ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def installed(sample_dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sample_project's wheel, installed by pip into a directory of its own."""
+    site = tmp_path_factory.mktemp("cli-site")
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+         str(sample_dists[1])])  # fmt: skip
+    return site
+
+
+@pytest.fixture
+def on_path(installed: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(installed))
+    return installed
+
+
+@pytest.mark.integration
+def test_inspect_a_wheel(sample_dists: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = cli(capsys, "inspect", str(sample_dists[1]))
+    assert status == 0 and data["kind"] == "wheel" and data["loader"] == "sample_models.compiled"
+    assert data["distribution"]["tags"] == [sample_dists[1].name.split("-", 2)[2].removesuffix(".whl")]
+    assert "torch==2.13.*" in data["distribution"]["requires"] and data["this_machine"]["torch_problem"] is None
+    mlp, classifier = data["models"]["mlp"], data["models"]["classifier"]
+    assert mlp["inputs"] == "float32[4, 128]" and mlp["factory"] == "sample_models.models:build_mlp"
+    assert classifier["dynamic"] == {"batch": {"min": 1, "max": 64}} and classifier["cpu"]["target"] == "x86-64-v3"
+    assert "avx2" in classifier["cpu"]["features"] and classifier["runs_here"] and classifier["problems"] == []
+    assert classifier["verification"]["passed"] and len(classifier["verification"]["tried"]) == 4
+    (library,) = mlp["files"]
+    assert library["path"].endswith(".so") and len(library["sha256"]) == 64 and library["size"] > 100_000
+    assert {f["path"] for f in data["files"]} == {"compiled.py", "_aoti/manifest.json"}
+
+
+@pytest.mark.integration
+def test_inspect_as_a_user_sees_it(sample_dists: tuple[Path, Path]) -> None:
+    """The console script, piped: plain text (no colour codes), the models as a table."""
+    proc = script("inspect", str(sample_dists[1]))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout
+    table_row = next(line for line in proc.stdout.splitlines() if line.startswith("classifier "))
+    assert table_row.split()[:4] == ["classifier", "aoti", "cpu", "float32[batch,"]
+    module = subprocess.run([sys.executable, "-m", "hatch_aoti", "inspect", "--json", str(sample_dists[1])],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert list(json.loads(module.stdout)["models"]) == ["mlp", "classifier"]
+
+
+@pytest.mark.integration
+def test_every_command_on_the_installed_package(on_path: Path, capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:  # fmt: skip
+    """By package and by loader name; without --eager nothing of the package is imported."""
+    for name in ("sample_models", "sample_models.compiled"):
+        status, data = cli(capsys, "inspect", name)
+        assert status == 0 and data["kind"] == "installed" and data["distribution"]["name"] == "sample-models"
+    status, data = cli(capsys, "verify", "sample_models")
+    assert status == 0 and data["passed"] and data["files"]["checked"] >= 4, data
+    assert IMPORTED == ["sample_models.compiled"], "the loader, loaded by path; not the package"
+    assert [c["case"] for c in data["models"]["classifier"]["cases"]] == ["example", "batch=1 (min)", "batch=64 (max)"]
+    status, data = cli(capsys, "bench", "sample_models", "mlp", "--repeats", "2", "--min-time", "0.001", "--cold", "0")
+    assert status == 0 and data["models"]["mlp"]["per_call"][0]["compiled"]["median_s"] > 0
+    status, data = cli(capsys, "profile", "sample_models", "mlp", "-o", str(tmp_path / "t.json"), "--calls", "2")
+    assert status == 0 and json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+@pytest.mark.integration
+def test_verify_catches_a_flipped_byte_and_a_truncated_library(installed: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    site = tmp_path / "site"
+    shutil.copytree(installed, site)
+    (mlp,) = (site / "sample_models" / "_aoti" / "mlp").rglob("*.so")
+    data = bytearray(mlp.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    mlp.write_bytes(bytes(data))
+    (classifier,) = (site / "sample_models" / "_aoti" / "classifier").rglob("*.so")
+    with classifier.open("r+b") as f:
+        f.truncate(4096)
+    proc = script("verify", "sample_models", env={**os.environ, "PYTHONPATH": str(site)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("FAILED  mlp: _aoti/mlp/data/aotinductor/model/model.wrapper.so differs from the "
+                               "manifest (sha256 ")  # fmt: skip
+    assert lines[0].endswith("damaged or modified") and lines[0].count("differs") == 1
+    assert lines[1].startswith("FAILED  classifier: _aoti/classifier/data/") and "damaged or modified" in lines[1]
+    assert lines[-1].startswith("FAILED:") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_verify_eager_and_bench_against_eager(sample_dists: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = cli(capsys, "verify", str(sample_dists[1]), "--eager")
+    assert status == 0 and data["passed"] and "sample_models.models" in IMPORTED
+    for case in data["models"]["classifier"]["cases"]:
+        assert case["max_abs_err"] < 1e-4, case
+    status, data = cli(capsys, "bench", str(sample_dists[1]), "classifier", "--eager", "--repeats", "2",
+                       "--min-time", "0.001", "--cold", "1")  # fmt: skip
+    result = data["models"]["classifier"]
+    assert status == 0 and result["eager"] == "measured" and len(result["per_call"]) == 3
+    assert all(row["eager"]["median_s"] > 0 and row["compiled"]["median_s"] > 0 for row in result["per_call"])
+    assert result["cold_start"]["ratio"] > 0 and result["cold_start"]["import_torch_s"] > 0
+    assert main(["bench", str(sample_dists[1]), "nope"]) == 2
+
+
+def _spans(trace: Path, name: str) -> tuple[list[dict], list[dict]]:
+    """The spans named ``name``, and the other events inside them."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    spans = [e for e in events if e["name"] == name]
+    inside = [e for e in events if e["name"] != name
+              and any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)]  # fmt: skip
+    return spans, inside
+
+
+@pytest.mark.integration
+def test_profile_writes_a_trace_of_the_compiled_model(sample_dists: tuple[Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    trace = tmp_path / "trace.json"
+    status, data = cli(capsys, "profile", str(sample_dists[1]), "classifier", "-o", str(trace), "--calls", "4",
+                       "--shape", "batch=8")  # fmt: skip
+    assert status == 0 and data["inputs"] == "float32[8, 3, 16, 16]" and not data["kernel_profile"]
+    spans, inside = _spans(trace, "classifier (compiled)")
+    assert len(spans) == 4
+    assert any(e["name"].startswith("aten::") for e in inside), "the ATen ops the compiled code calls"
+    assert main(["profile", str(sample_dists[1]), "classifier", "--shape", "batch=65"]) == 2
+
+
+@pytest.mark.integration
+def test_profile_shows_the_kernels_of_a_profiling_build(mixed_wheel: tuple[Path, str], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The mixed wheel's ``fast`` model is built with ``cpp.enable_kernel_profile``."""
+    trace = tmp_path / "trace.json"
+    status, data = cli(capsys, "profile", str(mixed_wheel[0]), "fast", "-o", str(trace), "--calls", "3", "--eager")
+    assert status == 0 and data["kernel_profile"]
+    names = {e["name"] for e in data["top"]}
+    assert {"fast (compiled)", "fast (eager)"} <= names
+    _, inside = _spans(trace, "fast (compiled)")
+    kernels = {e["name"] for e in inside}
+    assert any(n.startswith("graph_0_cpp_fused") for n in kernels), kernels
+    assert any(n.startswith("aoti_torch_cpu_") for n in kernels), kernels
+
+
+@pytest.mark.integration
+def test_verify_every_backend(mixed_wheel: tuple[Path, str], capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Precompiled models run the package's code when loaded: skipped unless --eager allows it."""
+    status, data = cli(capsys, "verify", str(mixed_wheel[0]))
+    assert status == 0 and {n: r["status"] for n, r in data["models"].items()} == {
+        "fast": "ok", "guarded": "skipped", "batched": "skipped", "plain": "ok"}
+    assert "pass --eager" in data["models"]["guarded"]["reason"]
+    status, data = cli(capsys, "verify", str(mixed_wheel[0]), "--eager")
+    assert status == 0 and {r["status"] for r in data["models"].values()} == {"ok"}, data
+    assert [c["case"] for c in data["models"]["batched"]["cases"]] == ["example", "batch=32 (max)"]  # example: the min
