@@ -216,7 +216,7 @@ class CompileCache:
 
     def evict(self) -> list[Path]:
         """Remove the entries used longest ago until the cache fits its cap, skipping any a build uses."""
-        entries = [(used, int(record.get("size", 0)), entry_dir) for entry_dir, record, used in self.records()]
+        entries = [(used, record["size"], entry_dir) for entry_dir, record, used in self.records()]
         total, evicted = sum(size for _, size, _ in entries), []
         for _, size, entry_dir in sorted(entries):
             if total <= self.max_size:
@@ -234,16 +234,19 @@ class CompileCache:
         return removed, in_use
 
     def records(self) -> list[tuple[Path, dict[str, Any], float]]:
-        """Each readable entry's directory, record, and when a build last used it."""
+        """Each readable entry's directory, record (its ``size`` checked), and when a build last used it."""
         found = []
         for entry_dir in self.entries():
             try:
                 used = (entry_dir / "entry.json").stat().st_mtime
                 record = json.loads((entry_dir / "entry.json").read_text(encoding="utf-8"))
+                if not isinstance(record, dict):
+                    continue
+                if not isinstance(record.get("size"), int):  # an entry from before sizes were recorded
+                    record["size"] = sum(p.stat().st_size for p in (entry_dir / "artifact").rglob("*") if p.is_file())
             except (OSError, ValueError):
                 continue
-            if isinstance(record, dict):
-                found.append((entry_dir, record, used))
+            found.append((entry_dir, record, used))
         return found
 
     def _remove(self, entry_dir: Path) -> bool:

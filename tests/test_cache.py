@@ -275,9 +275,9 @@ def wheel_matches_eager(runtime: Runtime, wheel: Path, tmp_path: Path) -> float:
 
 @pytest.mark.integration
 def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime, tmp_path: Path) -> None:
-    """Real rebuilds: no change hits; damage, new weights and new settings miss and ship the new model.
+    """Real rebuilds: no change hits; damage and new settings miss and ship the new model.
 
-    That changes of code or inputs change the key is unit-tested (test_keys.py), without compiling.
+    That changes of weights, code or inputs change the key is unit-tested (test_keys.py), without compiling.
     """
     build, cache_dir = cached_builds
     first, cold = build()
@@ -296,18 +296,12 @@ def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime
     (rebuilt,) = (cache_dir / "v2" / "entries").rglob("*.so")
     assert os.path.getsize(rebuilt) > 100
 
-    for label, change in {
-        "weights": {"seed": 1},
-        "inductor configs": {"configs": '"aot_inductor.enable_line_tables" = true'},
-    }.items():
-        output, wheel = build(**change)
-        assert "aoti: net: compiled in" in output, f"a change of {label} must miss the cache"
-        err = wheel_matches_eager(runtime, wheel, tmp_path / label.replace(" ", "_"))
-        assert err < 1e-6, f"after a change of {label} the wheel must hold the new model"
-        if label == "inductor configs":  # the user's setting wins over hatch-aoti's default
-            assert debug_sections_in(wheel, tmp_path / "lines"), "line tables were asked for"
+    output, wheel = build(configs='"aot_inductor.enable_line_tables" = true')
+    assert "aoti: net: compiled in" in output, "a change of settings must miss the cache"
+    assert wheel_matches_eager(runtime, wheel, tmp_path / "configs") < 1e-6, "the wheel holds the new model"
+    assert debug_sections_in(wheel, tmp_path / "lines"), "the user's setting wins over hatch-aoti's default"
     records = [json.loads(p.read_text()) for p in (cache_dir / "v2" / "entries").rglob("entry.json")]
-    assert len(records) == 3 and all(r["entry"]["verification"]["passed"] for r in records)
+    assert len(records) == 2 and all(r["entry"]["verification"]["passed"] for r in records)
 
 
 def debug_sections_in(wheel: Path, dest: Path) -> list[str]:

@@ -11,34 +11,46 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from hatch_aoti.cli.output import Output
+
+DESCRIPTION = "inspect, verify, bench and profile a wheel built by hatch-aoti, and manage the compile cache"
 TARGET_HELP = "a wheel file, an installed package (my_pkg or my_pkg.compiled), or a project directory (its newest dist/*.whl)"
 
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON document, for scripts and CI")
-    top = argparse.ArgumentParser(prog="hatch-aoti", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    # SUPPRESS: given after the command it sets the flag, and leaves one given before it alone.
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON document, for scripts and CI")  # fmt: skip
+    package_code = argparse.ArgumentParser(add_help=False)
+    package_code.add_argument("--import-package", action="store_true",
+                              help="allow importing the package's own code, which precompiled models run when "
+                                   "loaded (implied by --eager)")  # fmt: skip
+    top = argparse.ArgumentParser(prog="hatch-aoti", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    top.add_argument("--json", action="store_true", help="print one JSON document, for scripts and CI")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect = commands.add_parser("inspect", parents=[common], help="models, inputs, CPU target, files, verification")
     inspect.add_argument("target", help=TARGET_HELP)
 
-    verify = commands.add_parser("verify", parents=[common], help="check files, then load and run every model here")
+    verify = commands.add_parser("verify", parents=[common, package_code], help="check files, then load and run every model here")
     verify.add_argument("target", help=TARGET_HELP)
     verify.add_argument("--eager", action="store_true", help="also compare with the eager model (imports the package)")
 
-    bench = commands.add_parser("bench", parents=[common], help="per-call latency and cold start")
+    bench = commands.add_parser("bench", parents=[common, package_code], help="per-call latency and cold start")
     bench.add_argument("target", help=TARGET_HELP)
     bench.add_argument("model", nargs="?", help="one model (default: all)")
     bench.add_argument("--eager", action="store_true", help="time the eager model too (imports the package)")
     bench.add_argument("--warmup", type=_positive, default=3, help="unrecorded calls first (default 3)")
     bench.add_argument("--repeats", type=_positive, default=7, help="timed rounds (default 7)")
-    bench.add_argument("--min-time", type=float, default=0.05, help="seconds a round lasts at least (default 0.05)")
+    bench.add_argument("--min-time", type=_seconds, default=0.05, help="seconds a round lasts at least (default 0.05)")
     bench.add_argument("--cold", type=_count, default=5, help="fresh-process rounds for cold start, 0 to skip (default 5)")
 
-    profile = commands.add_parser("profile", parents=[common], help="a Chrome/Perfetto trace of calls to one model")
+    profile = commands.add_parser("profile", parents=[common, package_code], help="a Chrome/Perfetto trace of calls to one model")
     profile.add_argument("target", help=TARGET_HELP)
     profile.add_argument("model")
     profile.add_argument("-o", "--output", type=Path, default=Path("trace.json"), help="trace file (default trace.json)")
@@ -63,6 +75,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, not {text!r}")
@@ -81,32 +103,51 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     out = Output(args.json)
+    saved = list(sys.path)
+    # `python -m` puts the current directory on the path: a project's source folder there
+    # would hide the installed package of the same name.
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     try:
         return dispatch(args, out)
     except CliError as exc:
-        if out.json:
-            out.data({"error": str(exc)})
-        print(f"hatch-aoti: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(out, str(exc))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `hatch-aoti ... | head`: the reader has gone, and so does the rest of the output
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as exc:  # noqa: BLE001 - one line, as promised; the traceback on request
+        if os.environ.get("HATCH_AOTI_DEBUG"):
+            raise
+        return fail(out, f"unexpected {type(exc).__name__}: {exc} (set HATCH_AOTI_DEBUG=1 for the traceback)")
+    finally:
+        sys.path[:] = saved
 
 
-def dispatch(args: argparse.Namespace, out: object) -> int:
+def fail(out: Output, message: str) -> int:
+    message = " ".join(message.split())
+    if out.json:
+        out.data({"error": message})
+    print(f"hatch-aoti: error: {message}", file=sys.stderr)
+    return 2
+
+
+def dispatch(args: argparse.Namespace, out: Output) -> int:
     from hatch_aoti.cli import bench, cache, inspect, profile, verify
     from hatch_aoti.cli.target import open_target
 
     if args.command == "cache":
-        return {"info": lambda: cache.info(out), "prune": lambda: cache.prune(out, args.max_size),
-                "clear": lambda: cache.clear(out)}[args.action]()  # fmt: skip
-    with open_target(args.target) as target:
+        if args.action == "info":
+            return cache.info(out)
+        return cache.prune(out, args.max_size) if args.action == "prune" else cache.clear(out)
+    package_code = getattr(args, "import_package", False) or getattr(args, "eager", False)
+    with open_target(args.target, extract=args.command != "inspect") as target:
         if args.command == "inspect":
             return inspect.run(target, out)
         if args.command == "verify":
-            return verify.run(target, out, args.eager)
+            return verify.run(target, out, package_code, args.eager)
         if args.command == "bench":
-            return bench.run(target, out, args.model, args.eager, args.warmup, args.repeats, args.min_time, args.cold)
-        return profile.run(target, out, args.model, args.output, args.calls, args.shape, args.eager, args.top)
+            timing = (args.warmup, args.repeats, args.min_time)
+            return bench.run(target, out, args.model, package_code, args.eager, timing, args.cold)
+        return profile.run(target, out, args.model, args.output, args.calls, args.shape, package_code, args.eager,
+                           args.top)  # fmt: skip

@@ -22,7 +22,7 @@ from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
 
 
-def run(target: Target, out: Output, name: str | None, eager: bool, warmup: int, repeats: int, min_time: float,
+def run(target: Target, out: Output, name: str | None, package_code: bool, eager: bool, timing: tuple[int, int, float],
         cold: int) -> int:  # fmt: skip
     if name:
         target.model(name)  # an unknown name is an error
@@ -31,7 +31,7 @@ def run(target: Target, out: Output, name: str | None, eager: bool, warmup: int,
     work = sum(len(calls.cases(target.model(n))) + (cold > 0) for n in names)
     with out.progress(work, "benchmarking") as step:
         for model_name in names:
-            results[model_name] = bench_model(target, model_name, eager, (warmup, repeats, min_time), cold, step)
+            results[model_name] = bench_model(target, model_name, package_code, eager, timing, cold, step)
     data = {"target": target.where, "models": results}
     out.data(data)
     if not out.json:
@@ -39,12 +39,10 @@ def run(target: Target, out: Output, name: str | None, eager: bool, warmup: int,
     return 0
 
 
-def bench_model(target: Target, name: str, eager: bool, timing: tuple[int, int, float], cold: int,
-                step: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
-    import torch
-
+def bench_model(target: Target, name: str, package_code: bool, eager: bool, timing: tuple[int, int, float],
+                cold: int, step: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     try:
-        compiled = models.compiled(target, name, eager)
+        compiled = models.compiled(target, name, package_code)
     except models.Unavailable as exc:
         return {"skipped": str(exc)}
     module, why_no_eager = None, "not asked for (--eager)"
@@ -54,77 +52,106 @@ def bench_model(target: Target, name: str, eager: bool, timing: tuple[int, int, 
         except models.Unavailable as exc:
             why_no_eager = str(exc)
     entry = target.model(name)
+    spec = calls.in_spec(entry, compiled)
     rows = []
     for case in calls.cases(entry):
-        args, kwargs = calls.make_inputs(entry, case.sizes, calls.in_spec(entry, compiled))
-        fns = {"compiled": lambda: compiled(*args, **kwargs)}
-        if module is not None:
-            fns["eager"] = lambda: module(*args, **kwargs)
-        with torch.no_grad():
-            times = side_by_side(fns, *timing)
-        rows.append({"case": case.label, "inputs": calls.describe(entry, case.sizes), **times})
+        rows.append({"case": case.label, "inputs": calls.describe(entry, case.sizes),
+                     **per_call(entry, case, spec, compiled, module, timing)})  # fmt: skip
         step(f"{name} {case.label}")
     result: dict[str, Any] = {"per_call": rows, "eager": why_no_eager or "measured"}
     if cold:
-        result["cold_start"] = cold_start(target, name, calls.in_spec(entry, compiled), eager, cold)
+        result["cold_start"] = cold_start(target, name, spec, package_code, cold)
         step(f"{name} cold start")
     return result
 
 
-def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, min_time: float) -> dict[str, Any]:
-    """Seconds per call of each function: median and range of ``repeats`` interleaved rounds."""
+def per_call(entry: dict[str, Any], case: calls.Case, spec: str, compiled: Any, module: Any,
+             timing: tuple[int, int, float]) -> dict[str, Any]:  # fmt: skip
+    """Compiled (and eager) timings at one case; ``error`` instead if a call fails."""
+    import torch
+
+    args, kwargs = calls.make_inputs(entry, case.sizes, spec)
+    fns = {"compiled": lambda: compiled(*args, **kwargs)}
+    if module is not None:
+        fns["eager"] = lambda: module(*args, **kwargs)
+    sync = torch.cuda.synchronize if str(entry["device"]).startswith("cuda") else None
+    try:
+        with torch.no_grad():
+            return side_by_side(fns, *timing, sync=sync)
+    except Exception as exc:  # noqa: BLE001 - the model's own error, reported for this case
+        return {"error": f"{type(exc).__name__}: {models.first_line(exc)}"}
+
+
+def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, min_time: float,
+                 sync: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Seconds per call of each function: median and range of ``repeats`` interleaved rounds.
+
+    ``sync`` (CUDA) waits for the device at the end of each round, so that rounds time the
+    work and not only its launch.
+    """
+    sync = sync or (lambda: None)
     number = {}
     for label, fn in fns.items():
-        for _ in range(max(warmup, 1)):
+        for _ in range(warmup):
             start = time.perf_counter()
             fn()
+            sync()
             once = time.perf_counter() - start
-        number[label] = max(1, int(min_time / max(once, 1e-7)))
+        number[label] = max(1, min(1_000_000, int(min_time / max(once, 1e-7))))
     rounds: dict[str, list[float]] = {label: [] for label in fns}
     for _ in range(repeats):
         for label, fn in fns.items():
             start = time.perf_counter()
             for _ in range(number[label]):
                 fn()
+            sync()
             rounds[label].append((time.perf_counter() - start) / number[label])
     return {label: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r), "calls": number[label] * repeats}
             for label, r in rounds.items()}  # fmt: skip
 
 
+#: The fresh process of a cold start: the loader by its path, zeros of the example's shapes, one call.
 _CHILD = """
 import importlib.util, json, sys
-name, path, model, sizes, structure = json.loads(sys.argv[1])
+name, path, model, leaves, structure = json.loads(sys.argv[1])
 spec = importlib.util.spec_from_file_location(name, path)
 loader = importlib.util.module_from_spec(spec)
 sys.modules[name] = loader
 spec.loader.exec_module(loader)
-from hatch_aoti.cli.calls import make_inputs
-args, kwargs = make_inputs(loader.info(model), sizes, structure)
+import torch
+from torch.utils import _pytree
+values = [leaf["const"] if "const" in leaf else torch.zeros(leaf["shape"], dtype=getattr(torch, leaf["dtype"]),
+          device=leaf["device"]) for leaf in leaves]
+args, kwargs = _pytree.tree_unflatten(values, _pytree.treespec_loads(structure))
 loader.load(model)(*args, **kwargs)
 """
 
 
 def cold_start(target: Target, name: str, spec: str, package_code: bool, rounds: int) -> dict[str, Any]:
-    """Fresh process to the first output, and fresh process to ``import torch``: medians and their ratio."""
-    loader = target.package_dir / f"{target.loader_name}.py"
-    job = json.dumps([f"{target.package}.{target.loader_name}", str(loader), name,
-                      calls.example_sizes(target.model(name)), spec])  # fmt: skip
+    """Fresh process to the first output, and fresh process to ``import torch``, alternating after one
+    unrecorded round of each: medians, ranges, and the ratio of the medians."""
+    entry = target.model(name)
+    job = json.dumps([f"{target.package}.{target.loader_name}", str(target.package_dir / f"{target.loader_name}.py"),
+                      name, calls.leaves_at(entry, calls.example_sizes(entry)), spec])  # fmt: skip
     env = dict(os.environ)
     if package_code and target.import_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target.import_root), env.get("PYTHONPATH")]))
     commands = {"import_torch": [sys.executable, "-c", "import torch"], "first_output": [sys.executable, "-c", _CHILD, job]}
     times: dict[str, list[float]] = {label: [] for label in commands}
-    for _ in range(rounds):
+    for round_number in range(rounds + 1):
         for label, command in commands.items():
             start = time.perf_counter()
             proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            times[label].append(time.perf_counter() - start)
+            if round_number:
+                times[label].append(time.perf_counter() - start)
             if proc.returncode != 0:
                 tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
                 return {"error": f"the fresh process failed: {tail[0]}"}
-    medians = {label: statistics.median(t) for label, t in times.items()}
-    return {**{f"{label}_s": m for label, m in medians.items()},
-            "ratio": medians["first_output"] / medians["import_torch"], "rounds": rounds}  # fmt: skip
+    result: dict[str, Any] = {"rounds": rounds}
+    for label, measured in times.items():
+        result[label] = {"median_s": statistics.median(measured), "min_s": min(measured), "max_s": max(measured)}
+    result["ratio"] = result["first_output"]["median_s"] / result["import_torch"]["median_s"]
+    return result
 
 
 def show(data: dict[str, Any], out: Output) -> None:
@@ -132,12 +159,7 @@ def show(data: dict[str, Any], out: Output) -> None:
         if "skipped" in r:
             out.line(f"{name}: skipped: {r['skipped']}", style="yellow")
             continue
-        rows = []
-        for row in r["per_call"]:
-            compiled, eager = row["compiled"], row.get("eager")
-            speedup = f"{eager['median_s'] / compiled['median_s']:.2f}x" if eager else "-"
-            rows.append([row["case"], row["inputs"], _us(compiled), _us(eager) if eager else "-", speedup])
-        out.table(["inputs", "shapes", "compiled", "eager", "eager/compiled"], rows,
+        out.table(["inputs", "shapes", "compiled", "eager", "eager/compiled"], [_row(row) for row in r["per_call"]],
                   title=f"{name}: per call, median (range over rounds)")  # fmt: skip
         if r["eager"] != "measured":
             out.line(f"{name}: eager not measured: {r['eager']}")
@@ -145,10 +167,22 @@ def show(data: dict[str, Any], out: Output) -> None:
         if start and "error" in start:
             out.line(f"{name}: cold start: {start['error']}", style="red")
         elif start:
-            out.line(f"{name}: cold start, fresh process to first output {start['first_output_s']:.2f} s, "
-                     f"import torch {start['import_torch_s']:.2f} s: {start['ratio']:.2f}x "
-                     f"(medians of {start['rounds']})")  # fmt: skip
+            first, torch = start["first_output"], start["import_torch"]
+            out.line(f"{name}: cold start, fresh process to first output {_s(first)}, import torch {_s(torch)}: "
+                     f"{start['ratio']:.2f}x (medians of {start['rounds']})")  # fmt: skip
+
+
+def _row(row: dict[str, Any]) -> list[str]:
+    if "error" in row:
+        return [row["case"], row["inputs"], f"failed: {row['error']}", "", ""]
+    compiled, eager = row["compiled"], row.get("eager")
+    speedup = f"{eager['median_s'] / compiled['median_s']:.2f}x" if eager else "-"
+    return [row["case"], row["inputs"], _us(compiled), _us(eager) if eager else "-", speedup]
 
 
 def _us(times: dict[str, float]) -> str:
     return f"{times['median_s'] * 1e6:.1f} us ({times['min_s'] * 1e6:.1f}-{times['max_s'] * 1e6:.1f})"
+
+
+def _s(times: dict[str, float]) -> str:
+    return f"{times['median_s']:.2f} s ({times['min_s']:.2f}-{times['max_s']:.2f})"

@@ -29,10 +29,7 @@ def store(max_size: str | None = None) -> cache.CompileCache:
 def info(out: Output) -> int:
     compile_cache = store()
     now = time.time()
-    entries = [{"key": d.name, "backend": r.get("entry", {}).get("backend", "?"),
-                "device": r.get("entry", {}).get("device", "?"), "size": _entry_size(d, r),
-                "last_used_s_ago": round(now - used)}
-               for d, r, used in sorted(compile_cache.records(), key=lambda x: -x[2])]  # fmt: skip
+    entries = [_describe(d, r, now - used) for d, r, used in sorted(compile_cache.records(), key=lambda x: -x[2])]
     bytecode = _usage(compile_cache.root / "bytecode")
     data = {"root": str(compile_cache.root), "untrusted": cache.untrusted(compile_cache.root),
             "max_size": compile_cache.max_size, "size": sum(e["size"] for e in entries), "entries": entries,
@@ -77,13 +74,14 @@ def clear(out: Output) -> int:
     return 0
 
 
+def _describe(entry_dir: Path, record: dict[str, Any], age: float) -> dict[str, Any]:
+    entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
+    return {"key": entry_dir.name, "backend": entry.get("backend", "?"), "device": entry.get("device", "?"),
+            "size": record["size"], "last_used_s_ago": round(age)}  # fmt: skip
+
+
 def _entries_size(compile_cache: cache.CompileCache) -> int:
-    return sum(_entry_size(entry_dir, record) for entry_dir, record, _ in compile_cache.records())
-
-
-def _entry_size(entry_dir: Path, record: dict[str, Any]) -> int:
-    """The size the entry's record gives, or else its files' (entries stored before records had one)."""
-    return int(record.get("size") or _usage(entry_dir / "artifact")["size"])
+    return sum(record["size"] for _, record, _ in compile_cache.records())
 
 
 def _usage(path: Path) -> dict[str, Any]:

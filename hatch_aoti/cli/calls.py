@@ -84,10 +84,19 @@ def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: i
     return tuple(args), dict(kwargs)
 
 
+def leaves_at(entry: dict[str, Any], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """The manifest's input leaves with their dims' sizes filled in."""
+    return [leaf if "const" in leaf else {**leaf, "shape": _shape(leaf, sizes)} for leaf in entry["call"]]
+
+
+def _shape(leaf: dict[str, Any], sizes: dict[str, int]) -> list[int]:
+    return [d if isinstance(d, int) else sizes[d["name"]] for d in leaf["shape"]]
+
+
 def _leaf(torch: Any, leaf: dict[str, Any], sizes: dict[str, int], generator: Any) -> Any:
     if "const" in leaf:
         return leaf["const"]
-    shape = [d if isinstance(d, int) else sizes[d["name"]] for d in leaf["shape"]]
+    shape = _shape(leaf, sizes)
     dtype = getattr(torch, leaf["dtype"])
     if dtype.is_floating_point or dtype.is_complex:
         value = torch.randn(shape, generator=generator).to(dtype)

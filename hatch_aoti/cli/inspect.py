@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hatch_aoti.artifacts import ARTIFACT_DIR, sha256
+from hatch_aoti.artifacts import ARTIFACT_DIR
 from hatch_aoti.cli import calls, machine
 from hatch_aoti.cli.integrity import recorded_files
 from hatch_aoti.cli.output import Output, human_size
@@ -29,19 +29,20 @@ def collect(target: Target) -> dict[str, Any]:
 
 
 def package_files(target: Target) -> list[dict[str, Any]]:
-    """The loader, the manifest and any backend run-time modules, with RECORD's digests where there is one."""
+    """The loader, the manifest and any backend run-time modules, with RECORD's digests where it has them."""
     paths = [target.package_dir / f"{target.loader_name}.py", *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
              *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py"))]  # fmt: skip
     record = {}
     if target.dist.base is not None:
         record = {(target.dist.base / rel).resolve(): digest for rel, (digest, _) in target.dist.record.items()}
-    return [{"path": p.relative_to(target.package_dir).as_posix(), "size": _size(p),
-             "sha256": record.get(p.resolve()) or sha256(p)} for p in paths if p.is_file()]  # fmt: skip
+    return [{"path": p.relative_to(target.package_dir).as_posix(), "size": target.size(p),
+             "recorded_sha256": record.get(p.resolve(), "")} for p in paths if p.is_file()]  # fmt: skip
 
 
 def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
     configs = entry.get("inductor_configs", {})
     directory = target.package_dir / ARTIFACT_DIR / name
+    problems = machine.problems(target, entry)
     return {
         "backend": entry.get("backend", "aoti"),
         "device": entry.get("device"),
@@ -49,23 +50,16 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "inputs": calls.describe(entry),
         "dynamic": {d: {"min": lo, "max": hi} for d, (lo, hi) in calls.dims(entry).items()},
         "cpu": entry["cpu"],
-        "runs_here": not machine.problems(target, entry),
-        "problems": machine.problems(target, entry),
+        "runs_here": not problems,
+        "problems": problems,
         "weights": "mapped" if "weights" in entry else "in the library",
         "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
         "needs": entry.get("needs", {}),
-        "files": [{"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": _size(directory / rel), "sha256": digest}
-                  for rel, digest in recorded_files(entry).items()],  # fmt: skip
+        "files": [{"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": target.size(directory / rel),
+                   "recorded_sha256": digest} for rel, digest in recorded_files(entry).items()],  # fmt: skip
     }
-
-
-def _size(path: os.PathLike[str]) -> int | None:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return None
 
 
 def run(target: Target, out: Output) -> int:
@@ -100,9 +94,9 @@ def show(data: dict[str, Any], out: Output) -> None:
         out.line(f"  verified at build: {_verified(m['verification'])}")
         for what, need in m["needs"].items():
             out.line(f"  needs {what}: {need}")
-    files = [[f["path"], human_size(f["size"]), f["sha256"]] for f in data["files"]]
-    files += [[f["path"], human_size(f["size"]), f["sha256"]] for m in data["models"].values() for f in m["files"]]
-    out.table(["file (in the package)", "size", "sha256"], files)
+    files = [*data["files"], *(f for m in data["models"].values() for f in m["files"])]
+    out.table(["file (in the package)", "size", "recorded sha256"],
+              [[f["path"], human_size(f["size"]), f["recorded_sha256"] or "-"] for f in files])  # fmt: skip
 
 
 def _verified(report: dict[str, Any] | None) -> str:

@@ -63,7 +63,7 @@ def check(target: Target) -> Report:
 
 def _compare(have: str | None, want: str, what: str, source: str) -> str | None:
     if have is None:
-        return f"{what} is missing"
+        return f"{what} is missing or unreadable"
     if want and have != want:
         return f"{what} differs from {source} (sha256 {have[:12]}..., recorded {want[:12]}...): damaged or modified"
     return None

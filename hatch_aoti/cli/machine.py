@@ -30,6 +30,8 @@ def torch_problem(target: Target) -> str | None:
             requirement = Requirement(text)
         except InvalidRequirement:
             continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
         if requirement.name == "torch" and not requirement.specifier.contains(have, prereleases=True):
             return f"the wheel requires {text}; this environment has torch {have}"
     return None
@@ -59,6 +61,7 @@ def backend_problem(entry: dict[str, Any]) -> str | None:
 
 
 def device_problem(entry: dict[str, Any]) -> str | None:
+    """A CUDA model where torch sees no GPU (torch is imported for CUDA models only)."""
     if not str(entry.get("device", "cpu")).startswith("cuda"):
         return None
     import torch
@@ -69,4 +72,5 @@ def device_problem(entry: dict[str, Any]) -> str | None:
 def problems(target: Target, entry: dict[str, Any]) -> list[str]:
     """Everything that stops the model from running here, before anything is loaded."""
     found = [torch_problem(target), cpu_problem(entry), backend_problem(entry)]
-    return [p for p in found if p]
+    found = [p for p in found if p]
+    return found or [p for p in [device_problem(entry)] if p]  # no torch to ask if torch is the problem

@@ -26,15 +26,12 @@ def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any
     if entry.get("backend") == "precompile":
         if not package_code:
             raise Unavailable("precompiled models run the package's own code (their factory) when loaded; "
-                              "pass --eager to allow it", skipped=True)  # fmt: skip
+                              "pass --import-package (or --eager) to allow it", skipped=True)  # fmt: skip
         target.allow_package_code()
-    problem = machine.device_problem(entry)
-    if problem:
-        raise Unavailable(f"cannot run here: {problem}")
     try:
         return target.loader().load(name)
     except Exception as exc:  # noqa: BLE001 - the loader's refusal is the message
-        raise Unavailable(f"does not load: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise Unavailable(f"does not load: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def eager(target: Target, name: str) -> Any:
@@ -49,9 +46,10 @@ def eager(target: Target, name: str) -> Any:
     try:
         return resolve(factory)().to(entry["device"]).eval()
     except Exception as exc:  # noqa: BLE001
-        raise Unavailable(f"cannot build the eager model with {factory}: {short_exception(exc)}") from None
+        raise Unavailable(f"cannot build the eager model with {factory}: {first_line(short_exception(exc))}") from None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+def first_line(message: object) -> str:
+    """An error's first line: each model's result is one line."""
+    text = str(message).strip()
     return text.splitlines()[0] if text else ""

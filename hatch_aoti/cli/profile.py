@@ -17,15 +17,16 @@ from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import CliError, Target
 
 
-def run(target: Target, out: Output, name: str, trace: Path, calls_n: int, shapes: list[str], eager: bool,
-        top: int) -> int:  # fmt: skip
+def run(target: Target, out: Output, name: str, trace: Path, calls_n: int, shapes: list[str], package_code: bool,
+        eager: bool, top: int) -> int:  # fmt: skip
     entry = target.model(name)
     try:
         sizes = {**calls.example_sizes(entry), **calls.parse_shape(shapes, entry)}
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    writable(trace)
     try:
-        compiled = models.compiled(target, name, eager)
+        compiled = models.compiled(target, name, package_code)
         module = models.eager(target, name) if eager else None
     except models.Unavailable as exc:
         raise CliError(f"{name}: {exc}") from None
@@ -39,6 +40,18 @@ def run(target: Target, out: Output, name: str, trace: Path, calls_n: int, shape
     return 0
 
 
+def writable(trace: Path) -> None:
+    """Refuse, before profiling, a trace path that cannot be written."""
+    if trace.is_dir():
+        raise CliError(f"-o {trace}: is a directory; name the trace file, e.g. {trace / 'trace.json'}")
+    try:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        with trace.open("a"):
+            pass
+    except OSError as exc:
+        raise CliError(f"-o {trace}: cannot write there ({exc.strerror or exc})") from None
+
+
 def record(name: str, compiled: Any, module: Any, inputs: tuple[Any, Any], n: int, trace: Path) -> list[dict[str, Any]]:
     """Profile ``n`` calls (after three unrecorded ones), write the trace; the ops by self time."""
     import torch
@@ -47,20 +60,23 @@ def record(name: str, compiled: Any, module: Any, inputs: tuple[Any, Any], n: in
     args, kwargs = inputs
     runs = {f"{name} (compiled)": compiled, **({f"{name} (eager)": module} if module is not None else {})}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with torch.no_grad():
-        for fn in runs.values():
-            for _ in range(3):
-                fn(*args, **kwargs)
-        with profile(activities=activities, record_shapes=True) as prof:
-            for label, fn in runs.items():
-                for _ in range(n):
-                    with record_function(label):
-                        fn(*args, **kwargs)
     try:
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace))
-    except OSError as exc:
-        raise CliError(f"cannot write the trace to {trace}: {exc}") from None
+        with torch.no_grad():
+            for fn in runs.values():
+                for _ in range(3):
+                    fn(*args, **kwargs)
+            with profile(activities=activities, record_shapes=True) as prof:
+                for label, fn in runs.items():
+                    for _ in range(n):
+                        with record_function(label):
+                            fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the model's own error
+        raise CliError(f"{name}: a call failed: {type(exc).__name__}: {models.first_line(exc)}") from None
+    trace.unlink(missing_ok=True)
+    prof.export_chrome_trace(str(trace))  # logs rather than raises when it cannot write
+    if not trace.is_file() or trace.stat().st_size == 0:
+        Path(f"{trace}.tmp").unlink(missing_ok=True)
+        raise CliError(f"-o {trace}: torch.profiler could not write the trace")
     rows = [{"name": e.key, "calls": e.count, "self_us": e.self_cpu_time_total, "total_us": e.cpu_time_total}
             for e in prof.key_averages()]  # fmt: skip
     return sorted(rows, key=lambda r: -r["self_us"])

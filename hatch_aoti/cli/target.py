@@ -1,9 +1,10 @@
 """What a command points at: a wheel file, an installed package, or a project directory.
 
 Each becomes a :class:`Target`: the package directory holding the loader and ``_aoti/``
-(a wheel is extracted to a temporary directory first), its manifest, and what the
-distribution says of itself (tag, ``Requires-Dist``, ``RECORD``). Nothing of the
-package is imported here; :meth:`Target.loader` loads the generated loader by path.
+(a wheel is extracted to a temporary directory first: whole for commands that load
+models, its small files only for ``inspect``), its manifest, and what the distribution
+says of itself (tag, ``Requires-Dist``, ``RECORD``). Nothing of the package is imported
+here; :meth:`Target.loader` loads the generated loader by path.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ class Target:
     dist: Dist
     import_root: Path | None = None
     """Put on ``sys.path`` to import the package's own code (a wheel's extracted files)."""
+    sizes: dict[Path, int] = field(default_factory=dict)
+    """Sizes of files a wheel holds but that were not extracted."""
+
+    def size(self, path: Path) -> int | None:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return self.sizes.get(path)
 
     @property
     def models(self) -> dict[str, dict[str, Any]]:
@@ -87,43 +96,78 @@ class Target:
 
 
 @contextlib.contextmanager
-def open_target(text: str) -> Iterator[Target]:
-    """The target ``text`` names; a wheel's temporary directory is removed afterwards."""
+def open_target(text: str, extract: bool = True) -> Iterator[Target]:
+    """The target ``text`` names; a wheel's temporary directory is removed afterwards.
+
+    A directory is a project if it has ``pyproject.toml`` or ``dist/``; any other name is
+    looked up as an installed package (a folder of that name in the current directory
+    does not hide it).
+    """
     path = Path(text)
     if text.endswith(".whl") or path.is_file():
         if not path.is_file():
             raise CliError(f"no such wheel: {text}")
         with tempfile.TemporaryDirectory(prefix="hatch-aoti-") as tmp:
-            yield from_wheel(path, Path(tmp))
+            yield from_wheel(path, Path(tmp), extract)
         return
-    if path.is_dir():
-        with open_target(str(newest_wheel(path))) as target:
+    if path.is_dir() and ((path / "pyproject.toml").is_file() or (path / "dist").is_dir()):
+        with open_target(str(newest_wheel(path)), extract) as target:
             yield target
         return
     yield from_installed(text)
 
 
 def newest_wheel(project: Path) -> Path:
-    wheels = sorted((project / "dist").glob("*.whl"), key=lambda p: p.stat().st_mtime)
-    if not (project / "pyproject.toml").is_file() and not wheels:
-        raise CliError(f"{project} is neither a wheel, an installed package nor a project directory")
+    """The newest wheel in ``dist/`` of the project (by its name in ``pyproject.toml``, where it has one)."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    name = _project_name(project)
+    wheels = []
+    for wheel in (project / "dist").glob("*.whl"):
+        with contextlib.suppress(InvalidWheelFilename):
+            if name is None or parse_wheel_filename(wheel.name)[0] == canonicalize_name(name):
+                wheels.append(wheel)
     if not wheels:
-        raise CliError(f"no wheel in {project / 'dist'}: build one first (python -m build {project})")
-    return wheels[-1]
+        raise CliError(f"no wheel{f' of {name}' if name else ''} in {project / 'dist'}: build one first "
+                       f"(python -m build {project})")  # fmt: skip
+    return max(wheels, key=lambda p: p.stat().st_mtime)
 
 
-def from_wheel(wheel: Path, into: Path) -> Target:
+def _project_name(project: Path) -> str | None:
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    try:
+        name = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def from_wheel(wheel: Path, into: Path, extract: bool = True) -> Target:
+    """The wheel, extracted into ``into`` (without its model files, unless ``extract``)."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            names = archive.namelist()
-            manifests = sorted(n for n in names if n.endswith(f"/{ARTIFACT_DIR}/{MANIFEST}"))
+            infos = archive.infolist()
+            manifests = sorted(i.filename for i in infos if i.filename.endswith(f"/{ARTIFACT_DIR}/{MANIFEST}"))
             if not manifests:
                 raise CliError(f"{wheel} was not built by hatch-aoti: it has no {ARTIFACT_DIR}/{MANIFEST}")
-            archive.extractall(into)
+            package = manifests[0].rsplit(f"/{ARTIFACT_DIR}/", 1)[0]
+            models = f"{package}/{ARTIFACT_DIR}/"
+            skipped = [] if extract else [i for i in infos if _model_file(i.filename, models)]
+            archive.extractall(into, [i for i in infos if i not in skipped])
     except (zipfile.BadZipFile, OSError) as exc:
         raise CliError(f"cannot read {wheel} as a wheel: {exc}") from None
-    package_dir = into / manifests[0].rsplit(f"/{ARTIFACT_DIR}/", 1)[0]
-    return _target("wheel", str(wheel), package_dir, wheel_dist(into), import_root=into)
+    target = _target("wheel", str(wheel), into / package, wheel_dist(into), import_root=into)
+    target.sizes = {into / i.filename: i.file_size for i in skipped}
+    return target
+
+
+def _model_file(name: str, artifacts: str) -> bool:
+    """Whether a wheel member is a model's file (``_aoti/<model>/...``), which ``inspect`` need not extract."""
+    rest = name.removeprefix(artifacts)
+    return rest != name and "/" in rest and not rest.startswith("runtime/")
 
 
 def wheel_dist(root: Path) -> Dist:
@@ -197,14 +241,17 @@ def _package_dir(parts: list[str]) -> tuple[Path, list[str], str | None] | None:
 
 
 def installed_dist(top: str, package_dir: Path) -> Dist:
-    """The installed distribution that owns the package (``Dist()`` if none says so)."""
+    """The installed distribution whose files hold the package (``Dist()`` if none does)."""
     from importlib import metadata
 
     owners = metadata.packages_distributions()
-    for name in [*owners.get(top, []), *owners.get(package_dir.name, [])]:
+    for name in dict.fromkeys([*owners.get(top, []), *owners.get(package_dir.name, [])]):
         dist = metadata.distribution(name)
+        base = Path(str(dist.locate_file("")))
+        if not any((base / str(f)).resolve() == (package_dir / ARTIFACT_DIR / MANIFEST).resolve() for f in dist.files or []):
+            continue  # another copy of the package, elsewhere on sys.path
         texts = [dist.read_text(n) or "" for n in ("METADATA", "WHEEL", "RECORD")]
-        return read_dist(*texts, Path(str(dist.locate_file(""))))
+        return read_dist(*texts, base)
     return Dist()
 
 
@@ -213,9 +260,11 @@ def _target(kind: str, where: str, package_dir: Path, dist: Dist, *, import_root
     """``package`` defaults to the manifest's, or else to the package's path in the extracted wheel."""
     try:
         manifest = json.loads((package_dir / ARTIFACT_DIR / MANIFEST).read_text(encoding="utf-8"))
-        manifest["models"].items()
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+    except (OSError, ValueError) as exc:
         raise CliError(f"{where}: unreadable {ARTIFACT_DIR}/{MANIFEST} ({exc})") from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise CliError(f"{where}: {ARTIFACT_DIR}/{MANIFEST} {problem}")
     if not package:
         package = manifest.get("package") or ".".join(package_dir.relative_to(import_root or package_dir).parts)
     loader = manifest.get("loader") or _find_loader(package_dir)
@@ -229,3 +278,29 @@ def _find_loader(package_dir: Path) -> str:
             if f.read(200).startswith('"""Ahead-of-time compiled models of this package.'):
                 return path.stem
     return "compiled"
+
+
+#: What every model entry has, and the type of each (manifest format 2).
+ENTRY_KEYS = {"call": list, "cpu": dict, "device": str, "file": str}
+CPU_KEYS = {"arch": str, "target": str, "features": list}
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What makes a manifest unusable here, or ``None``: the commands can then index it freely."""
+    from hatch_aoti.artifacts import MANIFEST_FORMAT
+
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), dict):
+        return "has no `models` table"
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return f"is of format {manifest.get('format')!r}; this hatch-aoti reads format {MANIFEST_FORMAT}"
+    for name, entry in manifest["models"].items():
+        if not isinstance(entry, dict):
+            return f"model {name!r}: not a table"
+        for table, keys, label in ((entry, ENTRY_KEYS, ""), (entry.get("cpu"), CPU_KEYS, "cpu.")):
+            for key, kind in keys.items():
+                if not isinstance(table, dict) or not isinstance(table.get(key), kind):
+                    return f"model {name!r}: `{label}{key}` is missing or not a {kind.__name__}"
+        if not all(isinstance(leaf, dict) and ("const" in leaf or isinstance(leaf.get("shape"), list))
+                   for leaf in entry["call"]):  # fmt: skip
+            return f"model {name!r}: `call` has an input without a shape"
+    return None

@@ -13,14 +13,16 @@ from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
 
 
-def run(target: Target, out: Output, eager: bool) -> int:
+def run(target: Target, out: Output, package_code: bool, eager: bool) -> int:
     files = integrity.check(target)
     results: dict[str, dict[str, Any]] = {}
     with out.progress(len(target.models), "verifying") as step:
         for name in target.models:
-            results[name] = verify(target, name, files.models[name], eager)
+            damaged = files.models[name] + [f"not loaded: {p}" for p in files.package]  # a damaged loader or manifest
+            results[name] = verify(target, name, damaged, package_code, eager)
             step(name)
-    passed = not files.package and all(r["status"] != "failed" for r in results.values())
+    statuses = [r["status"] for r in results.values()]
+    passed = not files.package and "failed" not in statuses and "ok" in statuses
     data = {"target": target.where, "passed": passed,
             "files": {"checked": files.checked, "problems": files.package}, "models": results}  # fmt: skip
     out.data(data)
@@ -29,11 +31,11 @@ def run(target: Target, out: Output, eager: bool) -> int:
     return 0 if passed else 1
 
 
-def verify(target: Target, name: str, damaged: list[str], eager: bool) -> dict[str, Any]:
+def verify(target: Target, name: str, damaged: list[str], package_code: bool, eager: bool) -> dict[str, Any]:
     if damaged:
         return {"status": "failed", "reason": "; ".join(damaged), "cases": []}
     try:
-        model = models.compiled(target, name, eager)
+        model = models.compiled(target, name, package_code)
         module = models.eager(target, name) if eager else None
     except models.Unavailable as exc:
         return {"status": "skipped" if exc.skipped else "failed", "reason": str(exc), "cases": []}
@@ -56,7 +58,7 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: calls.Case) -
             actual = model(*args, **kwargs)
             expected = module(*args, **kwargs) if module is not None else None
         except Exception as exc:  # noqa: BLE001 - reported per case
-            result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            result["error"] = f"{type(exc).__name__}: {models.first_line(exc)}"
             return result
     if module is not None:
         report = entry.get("verification") or {}
@@ -79,5 +81,8 @@ def show(data: dict[str, Any], out: Output) -> None:
             out.line(f"skipped {name}: {r['reason']}", style="yellow")
         else:
             out.line(f"FAILED  {name}: {r['reason']}", style="red")
+    counts = {s: sum(r["status"] == s for r in data["models"].values()) for s in ("ok", "failed", "skipped")}
     verdict = "passed" if data["passed"] else "FAILED"
-    out.line(f"{verdict}: {data['files']['checked']} file digests checked, {len(data['models'])} models")
+    out.line(f"{verdict}: {data['files']['checked']} file digests checked; models: {counts['ok']} ok, "
+             f"{counts['failed']} failed, {counts['skipped']} skipped"
+             + (" (none was run)" if not counts["ok"] + counts["failed"] else ""))  # fmt: skip
