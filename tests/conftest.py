@@ -88,22 +88,47 @@ class Runtime:
 
 
 @pytest.fixture(scope="session")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
-    root = tmp_path_factory.mktemp("runtime-venv")
+def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with torch and numpy, installed once: the session's other venvs link to its files."""
+    root = tmp_path_factory.mktemp("torch-venv")
     venv.EnvBuilder(with_pip=True).create(root)
-    python = root / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", TORCH_PIN, "numpy"])
-    probe = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('hatch_aoti') is None)"], cwd=root)
+    run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", TORCH_PIN, "numpy"])
+    return root
+
+
+def venv_with_torch(torch_venv: Path, root: Path) -> Path:
+    """A new venv at ``root`` holding hard links to ``torch_venv``'s packages (torch is about 1 GB:
+    installing it again costs some 30 s here). Installing into it never changes ``torch_venv``."""
+    venv.EnvBuilder(with_pip=True).create(root)
+    (site,) = (torch_venv / "lib").glob("python3.*/site-packages")
+    (target,) = (root / "lib").glob("python3.*/site-packages")
+
+    def link(src: str, dst: str) -> None:
+        if not os.path.exists(dst):
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system
+                shutil.copy2(src, dst)
+
+    shutil.copytree(site, target, copy_function=link, dirs_exist_ok=True)
+    return root / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def runtime(tmp_path_factory: pytest.TempPathFactory, torch_venv: Path) -> Runtime:
+    root = tmp_path_factory.mktemp("runtime-venv")
+    python = venv_with_torch(torch_venv, root)
+    probe = run([str(python), "-c", "import importlib.util as u, torch, numpy; print(u.find_spec('hatch_aoti') is None)"],
+                cwd=root)  # fmt: skip
     assert probe.stdout.strip() == "True", "the runtime venv must not have hatch-aoti"
     return Runtime(python)
 
 
 @pytest.fixture(scope="session")
-def dev_venv(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, str]) -> Path:
+def dev_venv(tmp_path_factory: pytest.TempPathFactory, torch_venv: Path) -> Path:
     """A venv with torch for editable installs (each test installs its own project into it)."""
     root = tmp_path_factory.mktemp("dev-venv")
-    venv.EnvBuilder(with_pip=True).create(root)
-    run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", TORCH_PIN], env=build_env)
+    venv_with_torch(torch_venv, root)
     return root
 
 
