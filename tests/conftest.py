@@ -97,18 +97,18 @@ def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def venv_with_torch(torch_venv: Path, root: Path) -> Path:
-    """A new venv at ``root`` holding hard links to ``torch_venv``'s packages (torch is about 1 GB:
-    installing it again costs some 30 s here). Installing into it never changes ``torch_venv``."""
-    venv.EnvBuilder(with_pip=True).create(root)
+    """A new venv at ``root`` holding hard links to ``torch_venv``'s packages, pip and setuptools
+    included (torch is about 1 GB: installing it again costs some 30 s here). Installing into it
+    never changes ``torch_venv``: pip replaces files, it does not write into them."""
+    venv.EnvBuilder(with_pip=False).create(root)
     (site,) = (torch_venv / "lib").glob("python3.*/site-packages")
     (target,) = (root / "lib").glob("python3.*/site-packages")
 
     def link(src: str, dst: str) -> None:
-        if not os.path.exists(dst):
-            try:
-                os.link(src, dst)
-            except OSError:  # another file system
-                shutil.copy2(src, dst)
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system
+            shutil.copy2(src, dst)
 
     shutil.copytree(site, target, copy_function=link, dirs_exist_ok=True)
     return root / "bin" / "python"

@@ -1,8 +1,8 @@
 """``hatch-aoti``: inspect, verify, bench and profile a wheel built by hatch-aoti, and manage the compile cache.
 
 Every command takes ``--json``. A bad target, a wheel not built by hatch-aoti or an
-unknown model is one line on stderr and exit status 2; ``verify`` exits 1 when a model
-fails.
+unknown model is one line on stderr and exit status 2; ``verify`` exits 1 when a file or
+a model fails, or when no model could be run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from hatch_aoti.cli.output import Output
 
 DESCRIPTION = "inspect, verify, bench and profile a wheel built by hatch-aoti, and manage the compile cache"
-TARGET_HELP = "a wheel file, an installed package (my_pkg or my_pkg.compiled), or a project directory (its newest dist/*.whl)"
+TARGET_HELP = ("a wheel file, an installed package (my_pkg or my_pkg.compiled), or a project directory "
+               "(its newest dist/*.whl)")
 
 
 def parser() -> argparse.ArgumentParser:

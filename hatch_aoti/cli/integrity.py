@@ -31,16 +31,6 @@ class Report:
 
 def check(target: Target) -> Report:
     report = Report({name: [] for name in target.models})
-    digests: dict[Path, str | None] = {}
-
-    def actual(path: Path) -> str | None:
-        if path not in digests:
-            try:
-                digests[path] = sha256(path)
-            except OSError:
-                digests[path] = None
-        return digests[path]
-
     artifacts = target.package_dir / ARTIFACT_DIR
     seen = set()
     for name, entry in target.models.items():
@@ -59,6 +49,14 @@ def check(target: Target) -> Report:
             owner = _model_of(path, artifacts, target)
             (report.models[owner] if owner else report.package).append(problem)
     return report
+
+
+def actual(path: Path) -> str | None:
+    """The file's sha256; ``None`` if it cannot be read."""
+    try:
+        return sha256(path)
+    except OSError:
+        return None
 
 
 def _compare(have: str | None, want: str, what: str, source: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Whether this machine can run a target's models, told without importing torch or the package."""
+"""Whether this machine can run a target's models, told without importing the package (nor torch, but for CUDA models)."""
 
 from __future__ import annotations
 

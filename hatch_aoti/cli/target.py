@@ -300,6 +300,8 @@ def manifest_problem(manifest: Any) -> str | None:
             for key, kind in keys.items():
                 if not isinstance(table, dict) or not isinstance(table.get(key), kind):
                     return f"model {name!r}: `{label}{key}` is missing or not a {kind.__name__}"
+        if not isinstance(entry.get("files", {}), dict):
+            return f"model {name!r}: `files` is not a table"
         if not all(isinstance(leaf, dict) and ("const" in leaf or isinstance(leaf.get("shape"), list))
                    for leaf in entry["call"]):  # fmt: skip
             return f"model {name!r}: `call` has an input without a shape"
