@@ -101,10 +101,14 @@ def test_pip_wheel_gives_the_same_package(
 def test_editable_install_loads_compiled_models_and_leaves_the_sources(
     setuptools_project: Path, dev_venv: Path, build_env: dict[str, str]
 ) -> None:
+    """Without build isolation, as setuptools projects are often developed (the hatch test installs
+    editable with isolation): the venv's own setuptools, torch and hatch-aoti (from the wheelhouse)."""
     sources = setuptools_project / "src"
     before = sorted(p.relative_to(sources) for p in sources.rglob("*") if "__pycache__" not in p.parts)
     python = dev_venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", "-e", str(setuptools_project)], env=build_env)
+    run([str(python), "-m", "pip", "install", "-q", "hatch-aoti"], env=build_env)
+    run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(setuptools_project)],
+        env=build_env)  # fmt: skip
     probe = run([str(python), "-c",
                  "import torch, sample_models; from sample_models import compiled, models;"
                  "x = torch.randn(4, 128); print(sample_models.__file__);"
