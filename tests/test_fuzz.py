@@ -183,7 +183,7 @@ def matches_eager(model: Any, eager: Any, args: tuple[Any, ...], kwargs: dict[st
 
 
 @pytest.mark.integration
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_calls_match_eager_or_raise_type_or_value_errors(sample: Any, data: st.DataObject) -> None:
     compiled, eager = sample
