@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.artifacts import sha256
+from hatch_aoti.artifacts import file_hashes, sha256
 from hatch_aoti.owned import OwnedDir, sweep
 
 FORMAT = "v2"
@@ -77,6 +77,11 @@ def parse_size(text: str) -> int:
     if not match or match.group(2).upper() not in _UNITS:
         raise ValueError(f"{ENV_MAX_SIZE} must be a size such as 20GB, 512MB or a number of bytes, not {text!r}")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def tree_size(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 if there is none)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def default_root() -> Path:
@@ -178,7 +183,7 @@ class CompileCache:
 
         Raises :class:`NoSpace`, with nothing half-written left behind, when the disk is full.
         """
-        size = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
+        size = tree_size(artifact)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if shutil.disk_usage(self.root).free < size:
             raise NoSpace(self.root, size)
@@ -200,8 +205,10 @@ class CompileCache:
 
     def _write(self, key: str, artifact: Path, record: dict[str, Any], entry: Path) -> bool:
         shutil.copytree(artifact, entry / "artifact")
-        files = {p.relative_to(entry / "artifact").as_posix(): sha256(p)
-                 for p in sorted((entry / "artifact").rglob("*")) if p.is_file()}  # fmt: skip
+        # The digests the build made of these files are not made again (weights can be GBs):
+        # a copy that went wrong fails the check of the next lookup, which discards the entry.
+        known = (record.get("entry") or {}).get("files") or {}
+        files = file_hashes(entry / "artifact", known if isinstance(known, dict) else {})
         full = {**record, "key": key, "files": files}
         (entry / "entry.json").write_text(json.dumps(full, indent=1, sort_keys=True), encoding="utf-8")
         final = self._entry_dir(key)
@@ -243,7 +250,7 @@ class CompileCache:
                 if not isinstance(record, dict):
                     continue
                 if not isinstance(record.get("size"), int):  # an entry from before sizes were recorded
-                    record["size"] = sum(p.stat().st_size for p in (entry_dir / "artifact").rglob("*") if p.is_file())
+                    record["size"] = tree_size(entry_dir / "artifact")
             except (OSError, ValueError):
                 continue
             found.append((entry_dir, record, used))

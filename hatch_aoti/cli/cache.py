@@ -85,8 +85,7 @@ def _entries_size(compile_cache: cache.CompileCache) -> int:
 
 
 def _usage(path: Path) -> dict[str, Any]:
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
-    return {"files": len(files), "size": sum(p.stat().st_size for p in files)}
+    return {"files": sum(p.is_file() for p in path.rglob("*")), "size": cache.tree_size(path)}
 
 
 def _age(seconds: float) -> str:

@@ -32,9 +32,7 @@ def package_files(target: Target) -> list[dict[str, Any]]:
     """The loader, the manifest and any backend run-time modules, with RECORD's digests where it has them."""
     paths = [target.package_dir / f"{target.loader_name}.py", *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
              *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py"))]  # fmt: skip
-    record = {}
-    if target.dist.base is not None:
-        record = {(target.dist.base / rel).resolve(): digest for rel, (digest, _) in target.dist.record.items()}
+    record = target.dist.digests()
     return [{"path": p.relative_to(target.package_dir).as_posix(), "size": target.size(p),
              "recorded_sha256": record.get(p.resolve(), "")} for p in paths if p.is_file()]  # fmt: skip
 

@@ -69,16 +69,9 @@ def _compare(have: str | None, want: str, what: str, source: str) -> str | None:
 
 def _record_in_package(target: Target) -> list[tuple[Path, str, str]]:
     """RECORD's files inside the package directory that have a sha256: (path, digest, path in the package)."""
-    base = target.dist.base
-    if base is None:
-        return []
-    inside = []
     root = target.package_dir.resolve()
-    for rel, (digest, _size) in target.dist.record.items():
-        path = (base / rel).resolve()
-        if digest and path.is_relative_to(root):
-            inside.append((path, digest, path.relative_to(root).as_posix()))
-    return inside
+    return [(path, digest, path.relative_to(root).as_posix())
+            for path, digest in target.dist.digests().items() if path.is_relative_to(root)]  # fmt: skip
 
 
 def _model_of(path: Path, artifacts: Path, target: Target) -> str | None:

@@ -44,6 +44,12 @@ class Dist:
     """``RECORD``: path (relative to :attr:`base`) -> (sha256 in hex, or "", size)."""
     base: Path | None = None
 
+    def digests(self) -> dict[Path, str]:
+        """RECORD's sha256 digests (hex) by resolved path; empty where there is no RECORD."""
+        if self.base is None:
+            return {}
+        return {(self.base / rel).resolve(): digest for rel, (digest, _) in self.record.items() if digest}
+
 
 @dataclass
 class Target:
