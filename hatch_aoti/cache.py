@@ -18,6 +18,7 @@ written in ``<root>/v2/tmp/``. ``<root>/bytecode/`` belongs to the bytecode stor
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -80,8 +81,13 @@ def parse_size(text: str) -> int:
 
 
 def tree_size(path: Path) -> int:
-    """Bytes of the files under ``path`` (0 if there is none)."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of the files under ``path`` (0 if there is none); files that vanish meanwhile count 0."""
+    total = 0
+    for file in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            info = file.stat()
+            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    return total
 
 
 def default_root() -> Path:
@@ -150,6 +156,10 @@ class CompileCache:
     def _entry_dir(self, key: str) -> Path:
         return self._base / "entries" / key[:2] / key
 
+    def create(self) -> None:
+        """Make the root, private (mode 700), unless it exists: before anything is written in it."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
     def lookup(self, key: str, dest: Path) -> dict[str, Any] | None:
         """Copy a valid entry's artifact to ``dest`` and return its record; ``None`` on a miss.
 
@@ -184,7 +194,7 @@ class CompileCache:
         Raises :class:`NoSpace`, with nothing half-written left behind, when the disk is full.
         """
         size = tree_size(artifact)
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.create()
         if shutil.disk_usage(self.root).free < size:
             raise NoSpace(self.root, size)
         tmp_root = self._base / "tmp"

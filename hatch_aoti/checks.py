@@ -102,7 +102,11 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
     if not isinstance(module, torch.nn.Module):
         problems.append((path, f"{spec.factory!r} returned {type(module).__name__}, not a torch.nn.Module"))
         return None
-    return module.to(spec.device).eval()
+    try:
+        return module.to(spec.device).eval()
+    except Exception as exc:  # noqa: BLE001
+        problems.append((f"{spec.path}.device", f"moving the model to {spec.device!r} failed: {short_exception(exc)}"))
+        return None
 
 
 def _plan(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Any:

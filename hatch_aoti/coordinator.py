@@ -130,7 +130,11 @@ class Coordinator:
         if spec.weights == "auto":
             spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
         settings = backend.settings(model.user_configs, target, spec)
-        key = cache_key(exported, spec, model.plan, settings, backend.key()) if self.cache is not None else ""
+        # Files compiled with the eager module and the loader may name them (precompiled code does).
+        names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
+        key = ""
+        if self.cache is not None:
+            key = cache_key(exported, spec, model.plan, settings, {**backend.key(), **names})
         try:
             record = self.look_up(spec.name, key)
         except NoSpace as exc:
@@ -290,6 +294,8 @@ class Coordinator:
             return verify_model(miss.model.module, miss.model.plan, compiled, spec.rtol, spec.atol)
         except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - anything else is this model's failure, not the build's
+            raise ModelFailure("verify", f"{type(exc).__name__}: {exc}") from None
 
     def fail(self, name: str, stage: str, message: str) -> None:
         self.failed[name] = stage

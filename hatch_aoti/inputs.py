@@ -229,6 +229,8 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         dynamic_shapes = dict(zip(param_names, args_shapes))
         dynamic_shapes.update(kwargs_shapes)
 
+    samples = [*samples]
+    samples[export_index] = _contiguous(samples[export_index])
     verify = [(f"sample {i}", s) for i, s in enumerate(samples)]
     if dims:
         base = samples[export_index]
@@ -251,6 +253,15 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         description={"samples": len(samples), "leaves": leaves_desc},
         axis_names=[{a: n for (tt, a), n in names.items() if tt == t} for t in tensors],
     )
+
+
+def _contiguous(sample: Sample) -> Sample:
+    """The sample with contiguous tensors: compiled code assumes the layout it was exported with,
+    and the loader makes every input contiguous."""
+    leaves, spec = pytree.tree_flatten(sample)
+    if all(leaf.is_contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)):
+        return sample
+    return pytree.tree_unflatten([x.contiguous() if isinstance(x, torch.Tensor) else x for x in leaves], spec)
 
 
 def _widen(name: str, declared: DimSpec, low: int, high: int) -> tuple[int, int]:

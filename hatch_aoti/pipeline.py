@@ -210,6 +210,11 @@ def usable_cache(report: Reporter) -> Any:
         report.warning(f"aoti: not using the compile cache at {store.root}: {why}. Whoever can write there can "
                        f"put code into the wheels built from it; fix this or set {cache.ENV_DIR}")  # fmt: skip
         return None
+    try:
+        store.create()
+    except OSError as exc:
+        report.warning(f"aoti: not using the compile cache at {store.root}: cannot create it ({exc.strerror or exc})")
+        return None
     return store
 
 
@@ -251,6 +256,7 @@ class Coordination:
     argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "hatch_aoti.coordinator"])
     problems: list[tuple[str, str]] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
+    built: set[str] = field(default_factory=set)
     doing: str = "starting"
     done: bool = False
 
@@ -273,10 +279,13 @@ class Coordination:
         if kind == "stage":
             self.doing = f"{_DOING[event['stage']]} model {name!r}"
         elif kind == "cached":
+            self.built.add(name)
             self.report.success(f"aoti: {name}: from cache in {event['seconds']:.1f}s, {event['check']}")
         elif kind == "compiled":
+            self.built.add(name)
             self.report.success(f"aoti: {name}: compiled in {event['seconds']:.1f}s, {event['check']}")
         elif kind == "failed":
+            self.built.discard(name)
             path = self._model_path(name)
             self.failures[name] = f"model {name!r} ({path}) failed at {event['stage']}: {event['message']}"
             self.report.warning(f"aoti: {name}: failed at {event['stage']}")
@@ -292,16 +301,18 @@ class Coordination:
     def raise_for(self, child: Child) -> None:
         if self.problems:
             raise ConfigError(self.problems)
-        if self.failures:
-            if len(self.failures) == 1:
-                raise BuildFailed(next(iter(self.failures.values())))
-            built = len(self.settings.models) - len(self.failures)
-            kept = f"; the other {built} were built and cached" if built else ""
-            lines = "\n".join(f"  - {message}" for message in self.failures.values())
-            raise BuildFailed(f"{len(self.failures)} models failed{kept}:\n{lines}")
+        failures = list(self.failures.values())
         if not self.done:
-            raise BuildFailed(f"the build coordinator {child.how_it_ended()} while {self.doing}; "
-                              f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+            failures.append(f"the build coordinator {child.how_it_ended()} while {self.doing}; "
+                            f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+        if len(failures) == 1:
+            raise BuildFailed(failures[0])
+        if failures:
+            head = f"{len(self.failures)} models failed" if self.done else "the build did not finish"
+            n = len(self.built)
+            kept = f"; {n} model{'s were' if n != 1 else ' was'} built and cached" if n else ""
+            lines = "\n".join(f"  - {message}" for message in failures)
+            raise BuildFailed(f"{head}{kept}:\n{lines}")
 
     def _model_path(self, name: str) -> str:
         return next((m.path for m in self.settings.models if m.name == name), f"{self.settings.table}.models.{name}")

@@ -72,8 +72,15 @@ def save_pt2(name, path):
     A model with mapped weights keeps them beside its library there too: load that package
     with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``.
     """
-    with open(path, "wb") as f:
-        _write_pt2(name, _entry(name), f)
+    entry = _entry(name)
+    part = f"{path}.{os.getpid()}.part"
+    try:
+        with open(part, "wb") as f:
+            _write_pt2(name, entry, f)
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
     return path
 
 
@@ -172,7 +179,7 @@ class _CompiledModel:
         # Fast path: positional tensors only, handed to the runner as they are.
         self._positional = (
             not self._kwarg_names
-            and not self._constants
+            and len(self._tensor_index) == len(leaves) == self._n_args
             and all(c.is_leaf() for c in _children(args_spec))
         )
         self._unflatten = _output_builder(pytree, self._out_spec)
@@ -306,13 +313,15 @@ def _callable(engine):
                 ok = False
             if not ok:
                 reject(args)
-            return run([x])[0]
+            return run([x if x.is_contiguous() else x.contiguous()])[0]
 
     else:
         tensors_of = _checker(engine)
 
         def model(*args, **kwargs):
-            return unflatten(run(list(tensors_of(args, kwargs))))
+            # The compiled code indexes its inputs as the contiguous tensors it was exported with:
+            # other layouts (channels-last, transposed or sliced views) are copied, or it computes garbage.
+            return unflatten(run([t if t.is_contiguous() else t.contiguous() for t in tensors_of(args, kwargs)]))
 
     return _named(model, engine)
 
@@ -397,8 +406,10 @@ def _precompiled(name, entry):
         compiled = torch.compiler.load_compiled_function(f)
     no_grad, inference_mode, tree_map_only = torch.no_grad, torch.inference_mode, torch.utils._pytree.tree_map_only
 
-    def plain(tensor):
-        return tensor.clone() if tensor.is_inference() else tensor
+    def plain(tensor):  # contiguous, as when it was compiled: the guards check strides
+        if tensor.is_inference():
+            return tensor.clone(memory_format=torch.contiguous_format)
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
 
     def run(*args, **kwargs):
         # Its guards were recorded under no_grad, outside inference mode: inside it, and for

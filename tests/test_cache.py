@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import tempfile
 import zipfile
@@ -180,6 +181,21 @@ def test_a_cache_others_can_write_is_refused(tmp_path: Path) -> None:
     assert "world-writable without the sticky bit" in cache_mod.untrusted(open_parent / "cache")
     open_parent.chmod(0o1777)  # like /tmp
     assert cache_mod.untrusted(open_parent / "cache") is None
+
+
+def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first build makes the root 700 before anything (the bytecode store first) writes in it."""
+    from hatch_aoti import bytecode, pipeline
+
+    monkeypatch.setenv("HATCH_AOTI_CACHE_DIR", str(tmp_path / "home" / "cache"))
+    old = os.umask(0o002)
+    try:
+        store = pipeline.usable_cache(pipeline.Reporter())
+        bytecode._write(store.root / "bytecode" / "ab" / "ab12", compile("x = 1", "x.py", "exec"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
+    assert cache_mod.untrusted(store.root) is None
 
 
 def test_clean_removes_leftover_staging_not_the_cache_nor_live_builds(tmp_path: Path) -> None:

@@ -84,7 +84,8 @@ def _wheel(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     plain = _wheel(tmp_path / "plain-1.0-py3-none-any.whl", {"plain/__init__.py": "", "plain-1.0.dist-info/WHEEL": ""})
     (tmp_path / "garbage.whl").write_bytes(b"not a zip")
     (tmp_path / "proj").mkdir()
@@ -105,7 +106,12 @@ def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
         str(tmp_path / "proj"): "no wheel of x in",
         "no_such_package_here": "no such wheel, directory or installed package",
         "json": "json has no models compiled by hatch-aoti",
+        "toppkg": "models are compiled into toppkg.sub: name that instead",
     }
+    (tmp_path / "site" / "toppkg" / "sub" / "_aoti").mkdir(parents=True)
+    (tmp_path / "site" / "toppkg" / "__init__.py").write_text("")
+    (tmp_path / "site" / "toppkg" / "sub" / "_aoti" / "manifest.json").write_text("{}")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for n, (text, message) in enumerate(manifests.items()):
         cases[str(_wheel(tmp_path / f"bad{n}-1.0-py3-none-any.whl", {"bad/_aoti/manifest.json": text}))] = message
     for target, message in cases.items():
@@ -134,8 +140,10 @@ def test_cache_info_prune_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     status, info = cli(capsys, "cache", "info")
     assert status == 0 and [e["size"] for e in info["entries"]] == [5000, 3000, 1000]  # most recently used first
     assert info["size"] == 9000 and info["bytecode"]["files"] == 1 and info["untrusted"] is None
+    monkeypatch.setenv(cache.ENV_MAX_SIZE, "lots")  # --max-size replaces it
     status, pruned = cli(capsys, "cache", "prune", "--max-size", "8500")  # oldest first, down to the size
     assert pruned["removed"] == ["00" * 32] and pruned["size"] == 8000
+    monkeypatch.delenv(cache.ENV_MAX_SIZE)
     assert main(["cache", "prune", "--max-size", "lots"]) == 2
     assert "--max-size must be a size" in capsys.readouterr().err
     status, cleared = cli(capsys, "cache", "clear")
@@ -347,3 +355,5 @@ def test_verify_every_backend(mixed_wheel: tuple[Path, str], capsys: pytest.Capt
     status, data = cli(capsys, "verify", str(mixed_wheel[0]), "--eager")
     assert status == 0 and {r["status"] for r in data["models"].values()} == {"ok"}, data
     assert [c["case"] for c in data["models"]["batched"]["cases"]] == ["example", "batch=32 (max)"]  # example: the min
+    status, data = cli(capsys, "bench", str(mixed_wheel[0]), "guarded", "--repeats", "1", "--cold", "0")
+    assert status == 1 and "pass --import-package" in data["models"]["guarded"]["skipped"], "nothing timed: exit 1"

@@ -196,3 +196,28 @@ def test_a_crash_is_a_build_error_naming_the_model_with_the_log(tmp_path: Path, 
     )
     assert "the build coordinator was killed by signal 11 while checking model 'boom'" in text
     assert "| about to crash" in text
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ('package = "badpkg.models"', "package: 'badpkg.models' is not a package in this wheel (found: badpkg)"),
+        ('loader = "models"', "loader: badpkg/models.py already exists in the project; choose another `loader`"),
+    ],
+)
+def test_where_the_loader_goes_is_checked_the_same_by_both_front_ends(
+    tmp_path: Path, frontend: str, table: str, expected: str
+) -> None:
+    text = failing_build(
+        tmp_path,
+        f"""
+        [tool.hatch.build.targets.wheel.hooks.aoti]
+        {table}
+
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.single]
+        factory = "badpkg.models:single"
+        inputs = [{{ shape = [2, 4] }}]
+        """,
+        frontend,
+    )
+    assert f"{TABLES['hatch']}.{expected}" in text

@@ -130,12 +130,14 @@ def sample(sample_dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFac
         from sample_models import compiled, models
     finally:
         sys.path.remove(str(target))
+        for name in [m for m in sys.modules if m.split(".")[0] == "sample_models"]:
+            del sys.modules[name]  # imported from here only: later tests find their own copies
     eager = {"mlp": models.build_mlp(), "classifier": models.build_classifier()}
     return compiled, eager
 
 
 def tensors(shape: list[int]) -> st.SearchStrategy[Any]:
-    """Tensors whose shape, dtype and device are the expected ones, or close to them."""
+    """Tensors whose shape, dtype, device and layout are the expected ones, or close to them."""
     sizes = st.one_of(
         st.just(shape),
         st.lists(st.integers(0, 70), min_size=max(0, len(shape) - 1), max_size=len(shape) + 1),
@@ -144,11 +146,19 @@ def tensors(shape: list[int]) -> st.SearchStrategy[Any]:
     )  # fmt: skip
     dtypes = st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16, torch.int64, torch.bool])
     devices = st.sampled_from(["cpu", "cpu", "cpu", "meta"])
+    layouts = st.sampled_from(["contiguous", "contiguous", "transposed", "strided", "channels_last"])
 
-    def make(size: list[int], dtype: Any, device: str) -> Any:
-        return (torch.rand(size) * 4 - 2).to(dtype).to(device)
+    def make(size: list[int], dtype: Any, device: str, layout: str) -> Any:
+        tensor = (torch.rand(size) * 4 - 2).to(dtype).to(device)
+        if layout == "transposed" and tensor.dim() >= 2:  # same values, other strides
+            return tensor.mT.contiguous().mT
+        if layout == "strided" and tensor.dim() >= 1:  # gaps between elements
+            return tensor.repeat_interleave(2, dim=-1)[..., ::2]
+        if layout == "channels_last" and tensor.dim() == 4:
+            return tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
 
-    return st.builds(make, sizes, dtypes, devices)
+    return st.builds(make, sizes, dtypes, devices, layouts)
 
 
 def not_tensors() -> st.SearchStrategy[Any]:
@@ -191,3 +201,22 @@ def test_random_calls_match_eager_or_raise_type_or_value_errors(sample: Any, dat
     shape = [4, 128] if name == "mlp" else [data.draw(st.integers(1, 64)), 3, 16, 16]
     args, kwargs = data.draw(calls(shape))
     matches_eager(compiled.load(name), eager[name], args, kwargs)
+
+
+@pytest.mark.integration
+def test_inputs_of_any_layout_give_what_eager_gives(sample: Any) -> None:
+    """The compiled code indexes inputs as contiguous; a convolution shows any other layout at once."""
+    compiled, eager = sample
+    for name, x in {"mlp": torch.rand(4, 128), "classifier": torch.rand(8, 3, 16, 16)}.items():
+        views = {
+            "transposed": x.mT.contiguous().mT,
+            "strided": x.repeat_interleave(2, dim=-1)[..., ::2],
+            "offset": torch.cat([x, x])[len(x):],
+            **({"channels_last": x.contiguous(memory_format=torch.channels_last)} if x.dim() == 4 else {}),
+        }
+        with torch.inference_mode():
+            want = torch.utils._pytree.tree_leaves(eager[name](x))
+            for layout, view in views.items():
+                assert torch.equal(view, x) and view.is_contiguous() == (layout == "offset")
+                got = torch.utils._pytree.tree_leaves(compiled.load(name)(view))
+                assert all(torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want)), (name, layout)

@@ -115,6 +115,16 @@ def test_dynamic_name_must_match_an_inferred_dim() -> None:
     assert info.value.key == "dynamic.seq" and "inferred: batch" in str(info.value)
 
 
+def test_the_export_sample_is_contiguous_and_the_others_keep_their_layout() -> None:
+    images = torch.rand(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    samples = [((images,), {}), ((images[:2],), {})]
+    plan = plan_from_samples(spec(example_inputs="a:c"), samples, ["x"])
+    (exported,), _ = plan.export_sample
+    assert exported.is_contiguous() and torch.equal(exported, images)
+    assert plan.verify_samples[0][1] is plan.export_sample, "named `sample 0` in messages"
+    assert not plan.verify_samples[1][1][0][0].is_contiguous(), "verified through the loader as given"
+
+
 def test_normalise_samples_forms() -> None:
     x = torch.zeros(1)
     assert normalise_samples((x,)) == [((x,), {})]

@@ -100,6 +100,18 @@ def test_problems_and_failures_are_reported_together(tmp_path: Path) -> None:
     assert "failed at compile: gcc" in text
 
 
+def test_a_coordinator_that_dies_after_a_failure_is_reported_with_it(tmp_path: Path) -> None:
+    events = [{"event": "compiled", "model": "a", "seconds": 1.0, "check": "ok"},
+              {"event": "failed", "model": "b", "stage": "verify", "message": "differs"},
+              {"event": "stage", "model": "c", "stage": "verify"}]  # fmt: skip
+    with pytest.raises(BuildFailed) as info:
+        coordination(tmp_path, events, end="die").run()
+    text = str(info.value)
+    assert text.startswith("the build did not finish; 1 model was built and cached:")
+    assert "model 'b'" in text and "failed at verify: differs" in text
+    assert "the build coordinator was killed by signal 9 while verifying model 'c'" in text
+
+
 def test_a_finished_coordinator_is_a_success(tmp_path: Path) -> None:
     run = coordination(tmp_path, [{"event": "cached", "model": "a", "seconds": 0.1, "check": "ok"},
                                   {"event": "done", "torch": "2.13.0", "built": ["a"], "failed": []}])  # fmt: skip

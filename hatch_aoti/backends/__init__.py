@@ -61,6 +61,8 @@ class Backend:
     #: (torch and the standard library only). ``None``: the generated loader itself loads it.
     runtime: ClassVar[Path | None] = None
     #: Whether a compile helper can compile a saved exported program (no eager module there).
+    #: If not, the model compiles in the coordinator, with its eager module and the loader's
+    #: import name, and its cache key includes that name and the factory's: files may refer to them.
     in_helpers: ClassVar[bool] = False
 
     def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:

@@ -36,7 +36,8 @@ def run(target: Target, out: Output, name: str | None, package_code: bool, eager
     out.data(data)
     if not out.json:
         show(data, out)
-    return 0
+    measured = any("error" not in row for result in results.values() for row in result.get("per_call", []))
+    return 0 if measured else 1
 
 
 def bench_model(target: Target, name: str, package_code: bool, eager: bool, timing: tuple[int, int, float],

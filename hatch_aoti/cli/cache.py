@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -13,17 +14,19 @@ from hatch_aoti.cli.target import CliError
 
 
 def store(max_size: str | None = None) -> cache.CompileCache:
-    """The cache builds in this environment use (``HATCH_AOTI_CACHE_DIR``, ``HATCH_AOTI_CACHE_MAX_SIZE``)."""
-    try:
-        found = cache.configured()
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    """The cache builds in this environment use (``HATCH_AOTI_CACHE_DIR``, ``HATCH_AOTI_CACHE_MAX_SIZE``);
+    ``max_size`` replaces the cap from the environment."""
+    env = dict(os.environ)
     if max_size is not None:
         try:
-            found.max_size = cache.parse_size(max_size)
+            cap = cache.parse_size(max_size)
         except ValueError:
             raise CliError(f"--max-size must be a size such as 20GB, 512MB or a number of bytes, not {max_size!r}") from None
-    return found
+        env[cache.ENV_MAX_SIZE] = str(cap)
+    try:
+        return cache.configured(env)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def info(out: Output) -> int:

@@ -44,10 +44,13 @@ def writable(trace: Path) -> None:
     """Refuse, before profiling, a trace path that cannot be written."""
     if trace.is_dir():
         raise CliError(f"-o {trace}: is a directory; name the trace file, e.g. {trace / 'trace.json'}")
+    existed = trace.exists()
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
         with trace.open("a"):
             pass
+        if not existed:
+            trace.unlink()  # written only once the calls have run
     except OSError as exc:
         raise CliError(f"-o {trace}: cannot write there ({exc.strerror or exc})") from None
 

@@ -221,12 +221,20 @@ def from_installed(name: str) -> Target:
     if not (package_dir / ARTIFACT_DIR / MANIFEST).is_file():
         editable = _package_dir([f"_hatch_aoti_{'_'.join(package)}"])
         if editable is None or not (editable[0] / ARTIFACT_DIR / MANIFEST).is_file():
-            raise CliError(f"{name} has no models compiled by hatch-aoti (no {ARTIFACT_DIR}/{MANIFEST} in {package_dir})")
+            raise CliError(f"{name} has no models compiled by hatch-aoti (no {ARTIFACT_DIR}/{MANIFEST} in "
+                           f"{package_dir}){_below(package_dir, package)}")  # fmt: skip
         package_dir, kind = editable[0], "editable"
     target = _target(kind, name, package_dir, installed_dist(parts[0], package_dir), package=".".join(package))
     if loader is not None and loader != target.loader_name:
         raise CliError(f"{name}: the compiled models' loader is {target.package}.{target.loader_name}, not {loader}")
     return target
+
+
+def _below(package_dir: Path, package: list[str]) -> str:
+    """A hint naming the subpackages that hold compiled models, if any."""
+    manifests = sorted(package_dir.glob(f"*/**/{ARTIFACT_DIR}/{MANIFEST}"))[:5]
+    names = [".".join([*package, *m.parent.parent.relative_to(package_dir).parts]) for m in manifests]
+    return f"; models are compiled into {', '.join(names)}: name that instead" if names else ""
 
 
 def _package_dir(parts: list[str]) -> tuple[Path, list[str], str | None] | None:

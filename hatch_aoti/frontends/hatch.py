@@ -105,7 +105,7 @@ class AotiBuildHook(BuildHookInterface):
             package = next(iter(top))
         else:
             package = settings.package
-            if package.split(".")[0] not in top:
+            if package.split(".")[0] not in top or f"{package.replace('.', '/')}/__init__.py" not in included_paths:
                 raise BuildFailed(f"{settings.table}.package: {package!r} is not a package in this wheel (found: {found})")
         clash = f"{package.replace('.', '/')}/{settings.loader}.py"
         if clash in included_paths:
