@@ -81,12 +81,13 @@ def parse_size(text: str) -> int:
 
 
 def tree_size(path: Path) -> int:
-    """Bytes of the files under ``path`` (0 if there is none); files that vanish meanwhile count 0."""
+    """Bytes of the files under ``path`` (0 if there is none); what vanishes meanwhile counts 0."""
     total = 0
-    for file in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            info = file.stat()
-            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    for folder, _, files in os.walk(path):  # errors (a folder removed meanwhile) are skipped
+        for name in files:
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(folder, name))
+                total += info.st_size if stat.S_ISREG(info.st_mode) else 0
     return total
 
 
@@ -157,8 +158,11 @@ class CompileCache:
         return self._base / "entries" / key[:2] / key
 
     def create(self) -> None:
-        """Make the root, private (mode 700), unless it exists: before anything is written in it."""
+        """Make the root private (mode 700), creating it if need be, before anything is written in it:
+        what builds create inside follows the umask, and nobody else may reach it."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if stat.S_IMODE(self.root.stat().st_mode) & 0o077:
+            self.root.chmod(0o700)
 
     def lookup(self, key: str, dest: Path) -> dict[str, Any] | None:
         """Copy a valid entry's artifact to ``dest`` and return its record; ``None`` on a miss.

@@ -310,7 +310,8 @@ class Coordination:
         if failures:
             head = f"{len(self.failures)} models failed" if self.done else "the build did not finish"
             n = len(self.built)
-            kept = f"; {n} model{'s were' if n != 1 else ' was'} built and cached" if n else ""
+            stored = " and cached" if self.job.get("cache") else ""
+            kept = f"; {n} model{'s were' if n != 1 else ' was'} built{stored}" if n else ""
             lines = "\n".join(f"  - {message}" for message in failures)
             raise BuildFailed(f"{head}{kept}:\n{lines}")
 

@@ -176,6 +176,8 @@ class _CompiledModel:
         self._constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
         self._tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
+        self._strided = torch.strided
+        self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
         # Fast path: positional tensors only, handed to the runner as they are.
         self._positional = (
             not self._kwarg_names
@@ -239,6 +241,8 @@ class _CompiledModel:
             where = f"compiled model {self.name!r}: input {position}"
             if not isinstance(tensor, self._tensor):
                 raise TypeError(f"{where} must be a tensor ({expected}); got {type(tensor).__name__}")
+            if tensor.layout is not self._strided:
+                raise TypeError(f"{where} must be a dense tensor ({expected}); got one of layout {tensor.layout}")
             got = f"{str(tensor.dtype).replace('torch.', '')} on {tensor.device.type} with shape {list(tensor.shape)}"
             dtype, cpu, sizes, ranges = self._checks[position]
             if tensor.dtype is not dtype or tensor.is_cpu is not cpu or not (cpu or tensor.is_cuda):
@@ -297,9 +301,14 @@ def _callable(engine):
     instance, and the runner is fast enough that this shows (see benchmarks/).
     """
     run, unflatten, flatten, reject = engine._run, engine._unflatten, engine._flatten, engine._reject
-    checks = engine._checks
+    checks, strided = engine._checks, engine._strided
+    # The compiled code indexes its inputs as the contiguous tensors it was exported with:
+    # other layouts (channels-last, transposed or sliced views) are copied, or it computes
+    # garbage; so are complex views whose conjugation is only a flag.
+    prepare = _resolved if engine._complex else _contiguous
 
-    if engine._positional and engine._n_args == 1 and not checks[0][3] and engine._single_out and engine.device == "cpu":
+    if (engine._positional and engine._n_args == 1 and not checks[0][3] and engine._single_out
+            and engine.device == "cpu" and not engine._complex):  # fmt: skip
         # One static CPU tensor in, one tensor out: the common case, kept as short as possible.
         ((dtype, _, sizes, _),) = checks
 
@@ -308,7 +317,7 @@ def _callable(engine):
                 args = flatten(args, kwargs)
             x = args[0]
             try:
-                ok = x.dtype is dtype and x.is_cpu and x.shape == sizes
+                ok = x.dtype is dtype and x.is_cpu and x.shape == sizes and x.layout is strided
             except AttributeError:
                 ok = False
             if not ok:
@@ -319,11 +328,17 @@ def _callable(engine):
         tensors_of = _checker(engine)
 
         def model(*args, **kwargs):
-            # The compiled code indexes its inputs as the contiguous tensors it was exported with:
-            # other layouts (channels-last, transposed or sliced views) are copied, or it computes garbage.
-            return unflatten(run([t if t.is_contiguous() else t.contiguous() for t in tensors_of(args, kwargs)]))
+            return unflatten(run(prepare(tensors_of(args, kwargs))))
 
     return _named(model, engine)
+
+
+def _contiguous(tensors):
+    return [t if t.is_contiguous() else t.contiguous() for t in tensors]
+
+
+def _resolved(tensors):
+    return [t.resolve_conj().resolve_neg().contiguous() for t in tensors]
 
 
 def _checked(engine):
@@ -339,7 +354,7 @@ def _checked(engine):
 
 def _checker(engine):
     """A function from a call's inputs to its tensors in compiled order, raising for any that does not fit."""
-    flatten, reject, checks = engine._flatten, engine._reject, engine._checks
+    flatten, reject, checks, strided = engine._flatten, engine._reject, engine._checks, engine._strided
     n_fast = engine._n_args if engine._positional else -1
 
     def tensors_of(args, kwargs):
@@ -347,7 +362,7 @@ def _checker(engine):
             args = flatten(args, kwargs)
         for tensor, (dtype, cpu, sizes, ranges) in zip(args, checks):
             try:
-                ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda)
+                ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda) and tensor.layout is strided
                 if ok:
                     ok = _in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes
             except AttributeError:

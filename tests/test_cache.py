@@ -147,6 +147,30 @@ def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp
     assert miss is not None and miss.key == "" and "cached" not in events
 
 
+def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_them(tmp_path: Path) -> None:
+    """Precompiled code names the loader's ``_call``: another loader must not reuse it. An aoti
+    library names nothing of the project, so projects share its entries."""
+    torch = pytest.importorskip("torch")
+    from hatch_aoti.checks import Prepared
+    from hatch_aoti.config import parse_settings
+    from hatch_aoti.coordinator import Coordinator
+    from hatch_aoti.inputs import plan_declared
+
+    parent = type("Parent", (), {"emit": lambda self, event, **data: None})()
+
+    def key(backend: str, loader: str = "compiled", factory: str = "a:b") -> str:
+        table = {"models": {"m": {"factory": factory, "backend": backend, "inputs": [{"shape": [2, 3]}]}}}
+        (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
+        torch.manual_seed(0)
+        model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
+        job = {"stage": str(tmp_path), "cache": str(tmp_path / "cache"), "cache_max_size": 2**30, "loader": loader,
+               "package": "p", "jobs": 1}  # fmt: skip
+        return Coordinator(job, parent).export_and_look_up(model).key
+
+    assert key("aoti") == key("aoti", loader="aot") == key("aoti", factory="c:d")
+    assert len({key("precompile"), key("precompile", loader="aot"), key("precompile", factory="c:d")}) == 3
+
+
 def test_unusable_cache_location_is_a_miss_and_store_raises_oserror(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
@@ -196,6 +220,9 @@ def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatc
         os.umask(old)
     assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
     assert cache_mod.untrusted(store.root) is None
+    store.root.chmod(0o755)  # left by an older version: others could reach what builds write inside
+    assert pipeline.usable_cache(pipeline.Reporter()) is not None
+    assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
 
 
 def test_clean_removes_leftover_staging_not_the_cache_nor_live_builds(tmp_path: Path) -> None:

@@ -220,3 +220,5 @@ def test_inputs_of_any_layout_give_what_eager_gives(sample: Any) -> None:
                 assert torch.equal(view, x) and view.is_contiguous() == (layout == "offset")
                 got = torch.utils._pytree.tree_leaves(compiled.load(name)(view))
                 assert all(torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want)), (name, layout)
+            with pytest.raises(TypeError, match="must be a dense tensor"):
+                compiled.load(name)(x.to_sparse())

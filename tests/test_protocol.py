@@ -107,7 +107,7 @@ def test_a_coordinator_that_dies_after_a_failure_is_reported_with_it(tmp_path: P
     with pytest.raises(BuildFailed) as info:
         coordination(tmp_path, events, end="die").run()
     text = str(info.value)
-    assert text.startswith("the build did not finish; 1 model was built and cached:")
+    assert text.startswith("the build did not finish; 1 model was built:")  # no cache in this job
     assert "model 'b'" in text and "failed at verify: differs" in text
     assert "the build coordinator was killed by signal 9 while verifying model 'c'" in text
 

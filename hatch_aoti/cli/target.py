@@ -232,7 +232,10 @@ def from_installed(name: str) -> Target:
 
 def _below(package_dir: Path, package: list[str]) -> str:
     """A hint naming the subpackages that hold compiled models, if any."""
-    manifests = sorted(package_dir.glob(f"*/**/{ARTIFACT_DIR}/{MANIFEST}"))[:5]
+    try:
+        manifests = sorted(package_dir.glob(f"*/**/{ARTIFACT_DIR}/{MANIFEST}"))[:5]
+    except OSError:
+        return ""
     names = [".".join([*package, *m.parent.parent.relative_to(package_dir).parts]) for m in manifests]
     return f"; models are compiled into {', '.join(names)}: name that instead" if names else ""
 
