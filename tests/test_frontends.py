@@ -222,9 +222,12 @@ def test_no_isolation_src_layout_with_inferred_dynamic_batch(src_wheel: Path, ru
 
 
 def test_editable_install_loads_compiled_models(src_project: Path, dev_venv: Path, build_env: dict[str, str]) -> None:
+    """Without build isolation, as projects are developed: the venv's own hatchling, torch and hatch-aoti
+    (from the wheelhouse). Isolated builds are the sample wheel's (``python -m build``)."""
     before = sorted(p.relative_to(src_project) for p in src_project.rglob("*") if "__pycache__" not in p.parts)
     python = dev_venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", "-e", str(src_project)], env=build_env)
+    run([str(python), "-m", "pip", "install", "-q", "hatchling", "editables", "hatch-aoti"], env=build_env)
+    run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(src_project)], env=build_env)
     probe = run(
         [str(python), "-c",
          "import torch, srcpkg, srcpkg.aot as aot; from srcpkg.models import build;"

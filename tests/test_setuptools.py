@@ -101,8 +101,8 @@ def test_pip_wheel_gives_the_same_package(
 def test_editable_install_loads_compiled_models_and_leaves_the_sources(
     setuptools_project: Path, dev_venv: Path, build_env: dict[str, str]
 ) -> None:
-    """Without build isolation, as setuptools projects are often developed (the hatch test installs
-    editable with isolation): the venv's own setuptools, torch and hatch-aoti (from the wheelhouse)."""
+    """Without build isolation, as projects are developed: the venv's own setuptools, torch and
+    hatch-aoti (from the wheelhouse)."""
     sources = setuptools_project / "src"
     before = sorted(p.relative_to(sources) for p in sources.rglob("*") if "__pycache__" not in p.parts)
     python = dev_venv / "bin" / "python"
