@@ -82,13 +82,19 @@ def parse_size(text: str) -> int:
 
 def tree_size(path: Path) -> int:
     """Bytes of the files under ``path`` (0 if there is none); what vanishes meanwhile counts 0."""
-    total = 0
+    return tree_usage(path)[1]
+
+
+def tree_usage(path: Path) -> tuple[int, int]:
+    """(files, bytes) under ``path``, in one walk; what vanishes meanwhile is not counted."""
+    count = total = 0
     for folder, _, files in os.walk(path):  # errors (a folder removed meanwhile) are skipped
         for name in files:
             with contextlib.suppress(OSError):
                 info = os.lstat(os.path.join(folder, name))
-                total += info.st_size if stat.S_ISREG(info.st_mode) else 0
-    return total
+                if stat.S_ISREG(info.st_mode):
+                    count, total = count + 1, total + info.st_size
+    return count, total
 
 
 def default_root() -> Path:

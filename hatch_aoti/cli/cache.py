@@ -88,7 +88,8 @@ def _entries_size(compile_cache: cache.CompileCache) -> int:
 
 
 def _usage(path: Path) -> dict[str, Any]:
-    return {"files": sum(p.is_file() for p in path.rglob("*")), "size": cache.tree_size(path)}
+    files, size = cache.tree_usage(path)
+    return {"files": files, "size": size}
 
 
 def _age(seconds: float) -> str:
