@@ -130,10 +130,10 @@ class Coordinator:
         if spec.weights == "auto":
             spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
         settings = backend.settings(model.user_configs, target, spec)
-        # Files compiled with the eager module and the loader may name them (precompiled code does).
-        names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
         key = ""
         if self.cache is not None:
+            # Files compiled with the eager module and the loader may name them (precompiled code does).
+            names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
             key = cache_key(exported, spec, model.plan, settings, {**backend.key(), **names})
         try:
             record = self.look_up(spec.name, key)

@@ -178,10 +178,10 @@ class _CompiledModel:
         self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
         self._strided = torch.strided
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
-        # Fast path: positional tensors only, handed to the runner as they are.
+        # Fast path: positional tensors only (no constant among them), handed to the runner as they are.
         self._positional = (
             not self._kwarg_names
-            and len(self._tensor_index) == len(leaves) == self._n_args
+            and len(self._tensor_index) == len(leaves)
             and all(c.is_leaf() for c in _children(args_spec))
         )
         self._unflatten = _output_builder(pytree, self._out_spec)
