@@ -12,6 +12,7 @@ import importlib
 import inspect
 import traceback
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from hatch_aoti.config import ModelSpec
@@ -29,6 +30,10 @@ class Prepared:
     """An :class:`hatch_aoti.inputs.InputPlan`."""
     user_configs: dict[str, Any] = field(default_factory=dict)
     """The model's ``inductor-configs`` with nested tables flattened to dotted names."""
+    mutated: frozenset[str] = frozenset()
+    """Key paths (``[0][0]``: the first positional input) of the inputs the eager model writes into."""
+    replan: Callable[[ModelSpec], Any] | None = None
+    """The plan again, for the spec with other ``dynamic`` entries (the rules export suggests)."""
 
 
 def resolve(entry_point: str) -> Any:
@@ -63,7 +68,8 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
     signature = inspect.signature(module.forward)
     params = [p.name for p in signature.parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
-    plan = _plan(spec, params, problems)
+    replan = _planner(spec, params, problems)
+    plan = _plan(spec, replan, problems)
     if plan is None:
         return None
     label, (args, kwargs) = _export_sample(plan)
@@ -74,12 +80,12 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
         subject = "do not match" if label is None else f"{label} does not match"
         problems.append((f"{path}.{inputs_key}", f"{subject} {forward}{signature}: {exc}"))
         return None
-    failure = _dry_run(module, args, kwargs)
+    failure, mutated = _dry_run(module, args, kwargs)
     if failure is not None:
         problems.append((f"{path}.{inputs_key}", f"{forward} failed on {label or 'the declared inputs'}, called "
                          f"with {describe_call(bound.arguments)}: {failure}{_tuple_hint(bound.arguments)}"))
         return None
-    return Prepared(spec, module, plan, configs)
+    return Prepared(spec, module, plan, configs, mutated, replan)
 
 
 def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
@@ -109,28 +115,45 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
         return None
 
 
-def _plan(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Any:
+def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Callable[[ModelSpec], Any] | None:
+    """A function from the model's spec to its input plan; for ``example-inputs``, the samples are made once."""
     from hatch_aoti import inputs
 
-    key = "example-inputs" if spec.example_inputs else "inputs"
+    if spec.example_inputs is None:
+        return lambda spec: inputs.plan_declared(spec, params)
+    key = f"{spec.path}.example-inputs"
     try:
-        if spec.example_inputs is None:
-            return inputs.plan_declared(spec, params)
-        try:
-            make = resolve(spec.example_inputs)
-        except Exception as exc:  # noqa: BLE001
-            raise inputs.InputError(key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}") from None
-        if not callable(make):
-            raise inputs.InputError(key, f"{spec.example_inputs!r} is not callable")
-        try:
-            returned = make()
-        except Exception as exc:  # noqa: BLE001
-            raise inputs.InputError(key, f"calling {spec.example_inputs!r} failed: {short_exception(exc)}") from None
-        return inputs.plan_from_samples(spec, inputs.normalise_samples(returned), params)
+        make = resolve(spec.example_inputs)
+    except Exception as exc:  # noqa: BLE001
+        problems.append((key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}"))
+        return None
+    if not callable(make):
+        problems.append((key, f"{spec.example_inputs!r} is not callable"))
+        return None
+    try:
+        returned = make()
+    except Exception as exc:  # noqa: BLE001
+        problems.append((key, f"calling {spec.example_inputs!r} failed: {short_exception(exc)}"))
+        return None
+    try:
+        samples = inputs.normalise_samples(returned)
+    except inputs.InputError as exc:
+        problems.append((f"{spec.path}.{exc.key}", str(exc)))
+        return None
+    return lambda spec: inputs.plan_from_samples(spec, samples, params)
+
+
+def _plan(spec: ModelSpec, replan: Callable[[ModelSpec], Any] | None, problems: list[Problem]) -> Any:
+    from hatch_aoti import inputs
+
+    if replan is None:
+        return None
+    try:
+        return replan(spec)
     except inputs.InputError as exc:
         problems.append((f"{spec.path}.{exc.key}", str(exc)))
     except Exception as exc:  # noqa: BLE001
-        problems.append((f"{spec.path}.{key}", short_exception(exc)))
+        problems.append((f"{spec.path}.{'example-inputs' if spec.example_inputs else 'inputs'}", short_exception(exc)))
     return None
 
 
@@ -142,16 +165,25 @@ def _export_sample(plan: Any) -> tuple[str | None, Any]:
     return None, plan.export_sample
 
 
-def _dry_run(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Run the eager model once on the sample: inputs it cannot take fail here, with the user's own error."""
+def _dry_run(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, frozenset[str]]:
+    """Run the eager model once on a copy of the sample: inputs it cannot take fail here, with the user's
+    own error; the inputs it writes into (their version counters move) are named by key path."""
     import torch
+    from torch.utils import _pytree as pytree
 
+    leaves, spec = pytree.tree_flatten_with_path((args, kwargs))
+    copies = [value.clone() if isinstance(value, torch.Tensor) else value for _, value in leaves]
+    versions = [value._version if isinstance(value, torch.Tensor) else None for value in copies]
+    call_args, call_kwargs = pytree.tree_unflatten(copies, spec)
     try:
         with torch.no_grad():
-            module(*args, **kwargs)
+            module(*call_args, **call_kwargs)
     except Exception as exc:  # noqa: BLE001
-        return short_exception(exc)
-    return None
+        return short_exception(exc), frozenset()
+    return None, frozenset(
+        pytree.keystr(path) for (path, _), value, version in zip(leaves, copies, versions)
+        if version is not None and value._version != version
+    )  # fmt: skip
 
 
 def describe_call(arguments: dict[str, Any]) -> str:

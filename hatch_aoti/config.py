@@ -45,6 +45,17 @@ DTYPES: dict[str, str] = {
 _ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RULE = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:\*\s*(\d+)\s*)?(?:([+-])\s*(\d+)\s*)?$")
+
+
+def parse_rule(text: str) -> tuple[str, int, int] | None:
+    """``"320*frames"``, ``"2*n + 1"``, ``"n - 1"``: (root, multiple, offset); ``None`` if it is not of that form."""
+    found = _RULE.match(text)
+    if found is None or (found[1] and found[3]):
+        return None
+    mult = int(found[1] or found[3] or 1)
+    offset = int(found[5] or 0) * (-1 if found[4] == "-" else 1)
+    return (found[2], mult, offset) if mult > 0 else None
 
 
 class ConfigError(Exception):
@@ -153,6 +164,9 @@ def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | 
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return conform(options[0], value, path, problems, expected)
+        tables = [a for a in options if dataclasses.is_dataclass(a)]
+        if tables and isinstance(value, dict):  # `{ min = 1 }` read as its table, with its own checks
+            return conform(tables[0], value, path, problems, expected)
         if any(_matches(a, value) for a in options):
             return value
         problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
@@ -414,8 +428,9 @@ class ModelTable:
         "instead of `inputs`/`kwargs`",
         check=_entry_point, expected='a string "module:attr" (e.g. "my_pkg.models:build")',
     )
-    dynamic: dict[str, DimSpec] = key(
-        "bounds of named dims: `{ batch = { min = 1, max = 512 } }`", factory=dict, shown="`{}`"
+    dynamic: dict[str, DimSpec | str] = key(
+        "bounds of named dims: `{ batch = { min = 1, max = 512 } }`, or a dim's rule over another: "
+        '`samples = "320*frames"` (see [Derived dims](#derived-dims))', factory=dict, shown="`{}`",
     )
     device: str = key('`"cpu"`, `"cuda"` or `"cuda:N"`', default="cpu", check=_device)
     inductor_configs: dict[str, Any] = key(
@@ -454,11 +469,36 @@ class ModelTable:
             problems.add(f"{path}.kwargs", "cannot be combined with `example-inputs`; return kwargs from it")
         elif not (inputs or example or kwargs):
             problems.add(path, 'needs example inputs: `inputs = [{ shape = [...], dtype = "..." }]` or `example-inputs`')
+        rules = {name: rule for name, rule in self.dynamic.items() if isinstance(rule, str)}
+        if rules:
+            self._check_rules(rules, path, problems)
         if not example and ok("inputs", "kwargs"):
             used = {d for t in (*(self.inputs or ()), *self.kwargs.values()) for d in t.shape if isinstance(d, str)}
+            roots = {parsed[0] for parsed in map(parse_rule, rules.values()) if parsed}
             for name in self.dynamic:
-                if name not in used:
+                if name not in used and name not in roots:
                     problems.add(f"{path}.dynamic.{name}", "is not used by any input shape")
+
+    def _check_rules(self, rules: dict[str, str], path: str, problems: Problems) -> None:
+        """Each rule names another dim that is not itself derived, and gives sizes >= 0 over its bounds."""
+        for name, text in rules.items():
+            where, parsed = f"{path}.dynamic.{name}", parse_rule(text)
+            if parsed is None:
+                problems.add(where, f'must be a rule like "320*frames" or "2*n + 1" (a positive multiple of '
+                             f"another dim, plus or minus a size), not {text!r}")  # fmt: skip
+                continue
+            root, mult, offset = parsed
+            bounds = self.dynamic.get(root)
+            used = {d for t in (*(self.inputs or ()), *self.kwargs.values()) for d in t.shape if isinstance(d, str)}
+            if root == name or isinstance(bounds, str):
+                problems.add(where, f"{text!r} must be over a dim with bounds of its own, not a derived one")
+            elif bounds is None and root not in used:
+                problems.add(where, f"{text!r} names {root!r}, which no input shape uses; give its bounds as "
+                             f"`dynamic.{root} = {{ min = ..., max = ... }}`")
+            elif offset < 0 and (bounds is None or bounds.min is None or mult * bounds.min + offset < 0):
+                low = bounds.min if isinstance(bounds, DimSpec) and bounds.min is not None else 0
+                problems.add(where, f"{text!r} is {mult * low + offset} at {root} = {low}; give "
+                             f"`dynamic.{root}.min` so that every {name} is >= 0")
 
 
 @dataclass(frozen=True)
@@ -498,7 +538,7 @@ class ModelSpec:
     """Positional example inputs declared in TOML, or ``None`` when ``example-inputs`` is used."""
     kwargs: dict[str, TensorSpec]
     example_inputs: str | None
-    dynamic: dict[str, DimSpec]
+    dynamic: dict[str, DimSpec | str]
     device: str = "cpu"
     inductor_configs: dict[str, Any] = field(default_factory=dict)
     rtol: float | None = None
@@ -522,7 +562,7 @@ class ModelSpec:
         if data["inputs"] is not None:
             data["inputs"] = tuple(_tensor_from_json(t) for t in data["inputs"])
         data["kwargs"] = {k: _tensor_from_json(v) for k, v in data["kwargs"].items()}
-        data["dynamic"] = {k: DimSpec(**v) for k, v in data["dynamic"].items()}
+        data["dynamic"] = {k: DimSpec(**v) if isinstance(v, dict) else v for k, v in data["dynamic"].items()}
         return cls(**data)
 
 

@@ -116,7 +116,7 @@ class Coordinator:
         from hatch_aoti import backends
         from hatch_aoti.cpu_targets import resolve
         from hatch_aoti.fingerprint import cache_key
-        from hatch_aoti.inputs import call_spec, describe_call
+        from hatch_aoti.inputs import call_spec, describe_call, describe_outputs
 
         spec, start = model.spec, time.perf_counter()
         self.emit("stage", model=spec.name, stage="export")
@@ -125,6 +125,7 @@ class Coordinator:
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
             return None
+        spec = model.spec  # with the rules export found
         backend = backends.get(spec.backend)
         target = resolve(spec.cpu_target)
         if spec.weights == "auto":
@@ -145,27 +146,58 @@ class Coordinator:
             self.emit("cached", model=spec.name, seconds=time.perf_counter() - start,
                       check=_summary(record["entry"]["verification"], record.get("errors")))  # fmt: skip
             return None
+        try:
+            call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
+        except ValueError as exc:  # a size the loader cannot check (not a*dim + b)
+            self.fail(spec.name, "export", str(exc))
+            return None
         entry = {
             "backend": spec.backend,
-            "call": describe_call(exported, model.plan.axis_names),
+            "call": call,
+            "outputs": outputs,
             "call_spec": call_spec(exported),
             "device": spec.device,
             "inputs": model.plan.description,
-            "dynamic": {name: {"min": lo, "max": hi} for name, (lo, hi) in model.plan.dims.items()},
+            "dynamic": dynamic_info(model.plan),
             "inductor_configs": settings,
             "cpu": {"target": target.name, "arch": target.arch, "features": list(target.features)},
         }
         return Miss(model, exported, key, entry, backend)
 
-    @staticmethod
-    def export(model: Prepared) -> Any:
+    def export(self, model: Prepared) -> Any:
+        """``torch.export``; where it finds that dims are related (a length that must be a multiple of a
+        frame), the relations it suggests are applied and the model exported again."""
         import torch
 
-        args, kwargs = model.plan.export_sample
+        for attempt in range(3):
+            args, kwargs = model.plan.export_sample
+            try:
+                return torch.export.export(model.module, args, kwargs, dynamic_shapes=model.plan.dynamic_shapes)
+            except Exception as exc:  # noqa: BLE001
+                failure = ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}")
+                if attempt == 2 or not self.apply_suggested_rules(model, str(exc)):
+                    raise failure from None
+        raise AssertionError("unreachable")
+
+    def apply_suggested_rules(self, model: Prepared, message: str) -> bool:
+        """The model's plan again with the rules torch suggests; False where there are none to apply, or
+        its backend cannot take them, or they do not fit its samples."""
+        from hatch_aoti import backends
+        from hatch_aoti.inputs import suggested_rules
+
+        rules = suggested_rules(message, set(model.plan.dims), model.plan.rules)
+        if rules is None or model.replan is None:
+            return False
+        spec = dataclasses.replace(model.spec, dynamic={**model.spec.dynamic, **rules})
+        if backends.get(spec.backend).check(spec):
+            return False  # the precompile backend takes bounds only: torch's own message stands
         try:
-            return torch.export.export(model.module, args, kwargs, dynamic_shapes=model.plan.dynamic_shapes)
-        except Exception as exc:  # noqa: BLE001
-            raise ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}") from None
+            model.plan, model.spec = model.replan(spec), spec
+        except Exception:  # noqa: BLE001 - the rules do not fit the samples: torch's own message stands
+            return False
+        self.emit("info", message=f"{spec.name}: dims are related, as torch.export found: {describe_rules(rules)}; "
+                  f"exported again with them (write them in `{spec.path}.dynamic` to skip the retry)")  # fmt: skip
+        return True
 
     def look_up(self, name: str, key: str) -> dict[str, Any] | None:
         if self.cache is None:
@@ -226,7 +258,7 @@ class Coordinator:
             self.import_loader_as_installed()
         request = Request(miss.name, miss.exported, miss.entry["inductor_configs"], self.artifacts / miss.name, work,
                           module=miss.model.module, plan=miss.model.plan, loader=self.loader_name,
-                          factory=miss.model.spec.factory)  # fmt: skip
+                          factory=miss.model.spec.factory, spec=miss.model.spec)  # fmt: skip
         try:
             files = miss.backend.compile(request)
         except Exception as exc:  # noqa: BLE001
@@ -291,7 +323,8 @@ class Coordinator:
             compiled = loader.load(spec.name)
             if getattr(compiled, "weights", None):
                 use_module_weights(miss.model.module, compiled, self.artifacts / spec.name, entry["weights"])
-            return verify_model(miss.model.module, miss.model.plan, compiled, spec.rtol, spec.atol)
+            samples = [*miss.model.plan.verify_samples, *region_edges(miss.model.plan, entry.get("regions", []))]
+            return verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - anything else is this model's failure, not the build's
@@ -329,6 +362,34 @@ class Coordinator:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
+
+
+def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Inputs at both ends of every compiled region of sizes (an unbounded end: 2 * its start + 1)."""
+    from hatch_aoti.inputs import resized
+
+    out = []
+    for region in regions:
+        for label, pick in (("start", 0), ("end", 1))[: 1 if _single(region["dims"]) else 2]:
+            sizes = {name: bounds[pick] if bounds[pick] is not None else 2 * bounds[0] + 1
+                     for name, bounds in region["dims"].items()}  # fmt: skip
+            text = ", ".join(f"{name}={size}" for name, size in sizes.items())
+            out.append((f"region {region['file']} {label} ({text})", resized(plan, sizes)))
+    return out
+
+
+def _single(dims: dict[str, list[Any]]) -> bool:
+    return all(low == high for low, high in dims.values())
+
+
+def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
+    """``info()["dynamic"]``: each dim's range, and a derived one's rule (``"rule": "320*frames"``)."""
+    from hatch_aoti.inputs import rule_text
+
+    out: dict[str, dict[str, Any]] = {name: {"min": lo, "max": hi} for name, (lo, hi) in plan.dims.items()}
+    for name, rule in plan.rules.items():
+        out[name]["rule"] = rule_text(*rule)
+    return out
 
 
 def shipped_files(directory: Path, entry: dict[str, Any]) -> dict[str, str]:
@@ -393,6 +454,12 @@ def weights_size(exported: Any) -> int:
         with contextlib.suppress(Exception):  # tensor subclasses may have no storage of their own
             total += tensor.untyped_storage().nbytes() if isinstance(tensor, torch.Tensor) else 0
     return total
+
+
+def describe_rules(rules: dict[str, Any]) -> str:
+    """``samples = 320*_samples, _samples in [10, 20]``."""
+    return ", ".join(f"{name} = {value}" if isinstance(value, str) else f"{name} in [{value.min or 0}, "
+                     f"{value.max if value.max is not None else 'inf'}]" for name, value in rules.items())  # fmt: skip
 
 
 def _torch_version() -> str:

@@ -6,13 +6,14 @@ Runs inside the worker (it imports torch). A *sample* is always normalised to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec
+from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec, parse_rule
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -39,7 +40,9 @@ class InputPlan:
     description: dict[str, Any]
     """JSON-safe input description kept in the artifact's metadata."""
     axis_names: list[dict[int, str]]
-    """Per tensor input, in flattening order: dim names by axis (for error messages)."""
+    """Per tensor input, in flattening order: dim names by axis."""
+    rules: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Derived dims: ``samples = 320*frames`` is ``{"samples": ("frames", 320, 0)}``."""
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -84,11 +87,58 @@ def _make_tensor(spec: TensorSpec, sizes: dict[str, int], device: str, gen: torc
     return out.to(spec.device or device)
 
 
-def _declared_dims(model: ModelSpec) -> dict[str, DimSpec]:
+Rules = dict[str, tuple[str, int, int]]
+
+
+def _rules(model: ModelSpec) -> Rules:
+    """The model's derived dims, ``samples = "320*frames"``, as (root, multiple, offset); config checked them."""
+    return {name: parsed for name, rule in model.dynamic.items()
+            if isinstance(rule, str) and (parsed := parse_rule(rule)) is not None}  # fmt: skip
+
+
+def _declared_dims(model: ModelSpec, rules: Rules) -> dict[str, DimSpec]:
+    """The root dims (those without a rule) of the declared shapes, and the roots the rules name."""
     names: list[str] = []
     for spec in (*(model.inputs or ()), *model.kwargs.values()):
-        names += [d for d in spec.shape if isinstance(d, str) and d not in names]
-    return {n: model.dynamic.get(n, DimSpec()) for n in names}
+        names += [d for d in spec.shape if isinstance(d, str) and d not in names and d not in rules]
+    names += [root for root, _, _ in rules.values() if root not in names]
+    return {n: _bounds_of(model, n) for n in names}
+
+
+def _bounds_of(model: ModelSpec, name: str) -> DimSpec:
+    bounds = model.dynamic.get(name)
+    return bounds if isinstance(bounds, DimSpec) else DimSpec()
+
+
+def _derive(sizes: dict[str, int], rules: Rules) -> dict[str, int]:
+    """Root sizes and, from them, each derived dim's."""
+    return {**sizes, **{name: mult * sizes[root] + offset for name, (root, mult, offset) in rules.items()}}
+
+
+def _derived_ranges(dims: dict[str, tuple[int, int | None]], rules: Rules) -> dict[str, tuple[int, int | None]]:
+    """Each dim's (min, max), derived ones included."""
+    out = dict(dims)
+    for name, (root, mult, offset) in rules.items():
+        low, high = dims[root]
+        out[name] = (mult * low + offset, None if high is None else mult * high + offset)
+    return out
+
+
+def rule_text(root: str, mult: int, offset: int) -> str:
+    """``320*frames``, ``2*n + 1``: the rule as ``dynamic`` spells it."""
+    text = root if mult == 1 else f"{mult}*{root}"
+    return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset < 0 else text
+
+
+def torch_dims(roots: dict[str, tuple[int | None, int | None]], rules: Rules) -> dict[str, Any]:
+    """``torch.export.Dim`` of every dim: roots with their bounds, derived ones from their roots."""
+    made: dict[str, Any] = {
+        n: torch.export.Dim(n, **{k: v for k, v in (("min", lo), ("max", hi)) if v is not None})
+        for n, (lo, hi) in roots.items()
+    }
+    for name, (root, mult, offset) in rules.items():
+        made[name] = made[root] if (mult, offset) == (1, 0) else made[root] * mult + offset
+    return made
 
 
 def _verify_sizes(dims: dict[str, DimSpec], example: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
@@ -111,15 +161,13 @@ def _describe(tensor_spec: TensorSpec) -> dict[str, Any]:
 
 def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> InputPlan:
     """Build samples and dims from ``inputs``/``kwargs``/``dynamic`` in TOML."""
-    dims = _declared_dims(model)
-    torch_dims = {
-        n: torch.export.Dim(n, **{k: v for k, v in (("min", b.min), ("max", b.max)) if v is not None})
-        for n, b in dims.items()
-    }
+    rules = _rules(model)
+    dims = _declared_dims(model, rules)
+    made = torch_dims({n: (b.min, b.max) for n, b in dims.items()}, rules)
     example = {n: _example_size(b) for n, b in dims.items()}
 
-    def sample(sizes: dict[str, int]) -> Sample:
-        gen = torch.Generator().manual_seed(seed)
+    def sample(roots: dict[str, int]) -> Sample:
+        gen, sizes = torch.Generator().manual_seed(seed), _derive(roots, rules)
         args = tuple(_make_tensor(s, sizes, model.device, gen) for s in model.inputs or ())
         kwargs = {k: _make_tensor(s, sizes, model.device, gen) for k, s in model.kwargs.items()}
         return args, kwargs
@@ -129,13 +177,14 @@ def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> In
         dynamic_shapes = {}
         specs = list(zip(param_names, model.inputs or ())) + list(model.kwargs.items())
         for pname, spec in specs:
-            axes = {i: torch_dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
+            axes = {i: made[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
             dynamic_shapes[pname] = axes or None
     return InputPlan(
         export_sample=sample(example),
         verify_samples=[(label, sample(sizes)) for label, sizes in _verify_sizes(dims, example)],
         dynamic_shapes=dynamic_shapes,
-        dims={n: (b.min if b.min is not None else 0, b.max) for n, b in dims.items()},
+        dims=_derived_ranges({n: (b.min if b.min is not None else 0, b.max) for n, b in dims.items()}, rules),
+        rules=rules,
         description={
             "args": [_describe(s) for s in model.inputs or ()],
             "kwargs": {k: _describe(s) for k, s in model.kwargs.items()},
@@ -203,11 +252,23 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
                 groups.setdefault(seq, []).append((t, axis))
     names: dict[tuple[int, int], str] = {}
     dims: dict[str, tuple[int, int | None]] = {}
+    rules = _rules(model)
     for k, (seq, members) in enumerate(groups.items()):
         name = "batch" if any(axis == 0 for _, axis in members) and "batch" not in dims else f"dim{k}"
-        dims[name] = _widen(name, model.dynamic.get(name, DimSpec()), min(seq), max(seq))
+        if name not in rules:
+            dims[name] = _widen(name, _bounds_of(model, name), min(seq), max(seq))
         for member in members:
             names[member] = name
+    inferred = set(names.values())
+    for name in rules:
+        if name not in inferred:
+            raise InputError(f"dynamic.{name}", f"no inferred dim is called {name!r}; inferred: "
+                             f"{', '.join(sorted(inferred)) or 'none (no size differs between samples)'}")
+    for root, _, _ in rules.values():
+        if root not in dims:  # a new dim, not one of the inferred
+            bounds = _bounds_of(model, root)
+            dims[root] = (bounds.min or 0, bounds.max)
+    roots, dims = dims, _derived_ranges(dims, rules)
     for name in model.dynamic:
         if name not in dims:
             raise InputError(f"dynamic.{name}", f"no inferred dim is called {name!r}; inferred: "
@@ -219,9 +280,9 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     export_index = order[0]
     dynamic_shapes = None
     if dims:
-        torch_dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in dims.items()}
+        made = torch_dims(roots, rules)
         per_leaf = [
-            {a: torch_dims[names[(t, a)]] for (tt, a) in names if tt == t} or None
+            {a: made[names[(t, a)]] for (tt, a) in names if tt == t} or None
             if isinstance(leaf, torch.Tensor) else None
             for t, leaf in enumerate(first_leaves)
         ]
@@ -250,9 +311,39 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         verify_samples=verify,
         dynamic_shapes=dynamic_shapes,
         dims=dims,
+        rules=rules,
         description={"samples": len(samples), "leaves": leaves_desc},
         axis_names=[{a: n for (tt, a), n in names.items() if tt == t} for t in tensors],
     )
+
+
+_FIX_DIM = re.compile(r"^(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)$")
+_FIX_RULE = re.compile(r"^(\w+) = (.+)$")
+
+
+def suggested_rules(message: str, known: set[str], rules: Rules) -> dict[str, DimSpec | str] | None:
+    """The relations torch.export suggests between dims (``samples = 320*_samples`` over a new root
+    ``_samples = Dim('_samples', min=10, max=20)``), as ``dynamic`` entries; ``None`` where it suggests
+    anything else (narrower bounds, a static size), which would change what the user declared, or a
+    rule over a derived dim or for a dim that other rules are over (``rules``: those in force).
+    torch leaves out a ``min`` of 2.
+
+    torch's own ``refine_dynamic_shapes_from_suggested_fixes`` fails on such messages (torch 2.13).
+    """
+    _, found, fixes = message.partition("Suggested fixes:")
+    out: dict[str, DimSpec | str] = {}
+    for line in fixes.strip().split("\n\n")[0].splitlines():
+        line = line.strip()
+        if (dim := _FIX_DIM.match(line)) and dim[1] == dim[2] and dim[1] not in known:
+            out[dim[1]] = DimSpec(int(dim[3]) if dim[3] else 2, int(dim[4]) if dim[4] else None)
+        elif (rule := _FIX_RULE.match(line)) and rule[1] in known and parse_rule(rule[2]) is not None:
+            out[rule[1]] = rule[2]
+        else:
+            return None
+    roots = {parsed[0] for value in out.values() if isinstance(value, str) and (parsed := parse_rule(value))}
+    over = {root for root, _, _ in rules.values()}
+    chained = (roots & set(rules)) or (set(out) & over)
+    return out if found and out and roots <= known | set(out) and not chained else None
 
 
 def _contiguous(sample: Sample) -> Sample:
@@ -275,6 +366,14 @@ def _widen(name: str, declared: DimSpec, low: int, high: int) -> tuple[int, int]
     return (low if declared.min is None else declared.min, high if declared.max is None else declared.max)
 
 
+def resized(plan: InputPlan, roots: dict[str, int]) -> Sample:
+    """The export sample with its dynamic axes at the sizes ``roots`` gives (derived dims follow their rules)."""
+    leaves = pytree.tree_leaves(plan.export_sample)
+    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    names = {(tensors[p], axis): name for p, axes in enumerate(plan.axis_names) for axis, name in axes.items()}
+    return _resize(plan.export_sample, names, _derive(roots, plan.rules))
+
+
 def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str, int]) -> Sample:
     """A copy of ``sample`` with dynamic axes set to ``target`` sizes (values repeated)."""
     leaves, spec = pytree.tree_flatten(sample)
@@ -284,28 +383,30 @@ def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str,
             for (tt, axis), name in names.items():
                 if tt == t and name in target:
                     size = target[name]
-                    reps = -(-size // max(leaf.shape[axis], 1))
+                    reps = max(1, -(-size // max(leaf.shape[axis], 1)))
                     leaf = torch.cat([leaf] * reps, dim=axis).narrow(axis, 0, size)
         out.append(leaf)
     return pytree.tree_unflatten(out, spec)
 
 
-def describe_call(exported: Any, axis_names: list[dict[int, str]]) -> list[dict[str, Any]]:
+def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """What each flattened input must be, as the exported program has it.
 
     The loader checks calls against this (AOTInductor itself does not): dtype, device,
-    rank, static sizes, and each dynamic size's range; constants that export baked in
-    must be passed unchanged.
+    rank, static sizes, each dynamic size's range and rule (``samples = 320*frames``);
+    constants that export baked in must be passed unchanged. ``mutated`` names (by
+    pytree key path) the inputs the eager model writes into.
     """
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
     nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(
+        pytree.tree_unflatten([0] * exported.call_spec.in_spec.num_leaves, exported.call_spec.in_spec))[0]]
+    user = [s.arg for s in exported.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    tensors = [nodes[arg.name].meta["val"] for arg in user if isinstance(arg, TensorArgument)]
+    names = symbol_names(tensors, plan)
     out: list[dict[str, Any]] = []
-    tensor_index = 0
-    for input_spec in exported.graph_signature.input_specs:
-        if input_spec.kind != InputKind.USER_INPUT:
-            continue
-        arg = input_spec.arg
+    for path, arg in zip(paths, user):
         if isinstance(arg, ConstantArgument):
             value = arg.value
             plain = value is None or isinstance(value, (bool, int, float, str))
@@ -314,20 +415,76 @@ def describe_call(exported: Any, axis_names: list[dict[int, str]]) -> list[dict[
         if not isinstance(arg, TensorArgument):
             out.append({"const": repr(arg), "check_const": False})
             continue
+        position = len([leaf for leaf in out if "const" not in leaf])
+        axis_names = plan.axis_names[position] if position < len(plan.axis_names) else {}
         fake = nodes[arg.name].meta["val"]
-        names = axis_names[tensor_index] if tensor_index < len(axis_names) else {}
-        tensor_index += 1
-        shape: list[Any] = []
+        shape = [size if isinstance(size, int) else _dynamic_axis(exported, size.node.expr, names, axis_names.get(axis))
+                 for axis, size in enumerate(fake.shape)]  # fmt: skip
+        leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
+        out.append({**leaf, "mutated": True} if path in mutated else leaf)
+    return out
+
+
+def symbol_names(tensors: list[Any], plan: InputPlan) -> dict[Any, str]:
+    """The dim name of each size symbol: as the plan names the axes that are the symbol itself, and
+    as its rules name the roots of derived axes (``_samples`` in ``samples = 320*_samples``)."""
+    names: dict[Any, str] = {}
+    derived: list[tuple[Any, str]] = []
+    for position, fake in enumerate(tensors):
+        axis_names = plan.axis_names[position] if position < len(plan.axis_names) else {}
         for axis, size in enumerate(fake.shape):
             if isinstance(size, int):
-                shape.append(size)
                 continue
-            expr = size.node.expr
-            bounds = exported.range_constraints.get(expr)
-            lo = _finite(bounds.lower) if bounds is not None else None
-            hi = _finite(bounds.upper) if bounds is not None else None
-            shape.append({"name": names.get(axis, str(expr)), "min": lo or 0, "max": hi})
-        out.append({"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape})
+            expr, name = size.node.expr, axis_names.get(axis)
+            if expr.is_Symbol:
+                names.setdefault(expr, name or str(expr))
+            elif len(expr.free_symbols) == 1:
+                derived.append((next(iter(expr.free_symbols)), name or ""))
+    for symbol, name in derived:
+        root = plan.rules.get(name, (None,))[0]
+        names.setdefault(symbol, root or str(symbol))
+    return names
+
+
+def _dynamic_axis(exported: Any, expr: Any, names: dict[Any, str], axis_name: str | None) -> dict[str, Any]:
+    """One dynamic axis: its name and range, and for a derived one (``320*s0``) its root, multiple and offset."""
+    if expr.is_Symbol:
+        low, high = _bounds(exported, expr)
+        return {"name": names.get(expr, str(expr)), "min": low, "max": high}
+    if len(expr.free_symbols) != 1:
+        raise ValueError(f"a dynamic size is {expr}, which is not of the form a*dim + b")
+    (symbol,) = expr.free_symbols
+    mult, offset = expr.coeff(symbol), expr.subs(symbol, 0)
+    if not (mult.is_Integer and offset.is_Integer and mult > 0 and (mult * symbol + offset - expr).expand() == 0):
+        raise ValueError(f"a dynamic size is {expr}, which is not of the form a*dim + b")
+    low, high = _bounds(exported, symbol)
+    root = names.get(symbol, str(symbol))
+    rule = {"root": root, "mult": int(mult), "offset": int(offset)}
+    name = axis_name or f"{int(mult)}*{root}" + (f"{int(offset):+d}" if offset else "")
+    return {"name": name, "min": int(mult) * low + int(offset),
+            "max": None if high is None else int(mult) * high + int(offset), **rule}  # fmt: skip
+
+
+def _bounds(exported: Any, symbol: Any) -> tuple[int, int | None]:
+    bounds = exported.range_constraints.get(symbol)
+    low = _finite(bounds.lower) if bounds is not None else None
+    return low or 0, _finite(bounds.upper) if bounds is not None else None
+
+
+def describe_outputs(exported: Any) -> list[dict[str, Any]]:
+    """What kind each flattened output is: the runner returns a 0-d tensor where eager returns a
+    Python number, so the loader converts those back; constants are returned as they were."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
+
+    kinds = {SymIntArgument: "int", SymFloatArgument: "float", SymBoolArgument: "bool"}
+    out: list[dict[str, Any]] = []
+    for spec in exported.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        if isinstance(spec.arg, ConstantArgument) and isinstance(spec.arg.value, (bool, int, float, str, type(None))):
+            out.append({"kind": "const", "value": spec.arg.value})
+        else:
+            out.append({"kind": kinds.get(type(spec.arg), "tensor")})
     return out
 
 
@@ -349,6 +506,11 @@ __all__ = [
     "InputPlan",
     "call_spec",
     "describe_call",
+    "describe_outputs",
+    "resized",
+    "rule_text",
+    "suggested_rules",
+    "torch_dims",
     "Sample",
     "default_tolerances",
     "normalise_samples",

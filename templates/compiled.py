@@ -15,6 +15,7 @@ checked against the eager models then.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import threading
@@ -156,7 +157,7 @@ class _CompiledModel:
             )
         self._file = os.path.join(_HERE, name, entry["file"])
         self._weights = None
-        _check_cpu(name, entry["cpu"])
+        _check_cpu(name, entry["cpu"], cpuid=_cpuid(torch))
         self.backend = entry.get("backend", "aoti")
         if self.backend == "aoti":
             in_spec, out_spec = self._aoti(torch, entry)
@@ -166,6 +167,7 @@ class _CompiledModel:
             in_spec, out_spec = entry["call_spec"]
         self._pytree = pytree
         self._tensor = torch.Tensor
+        self._strided = torch.strided
         self._in_spec = pytree.treespec_loads(in_spec)
         self._out_spec = pytree.treespec_loads(out_spec)
         args_spec, kwargs_spec = _children(self._in_spec)
@@ -176,16 +178,9 @@ class _CompiledModel:
         self._constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
         self._tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
-        self._strided = torch.strided
+        self._mutated = [i for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf) if leaf.get("mutated")]
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
-        # Fast path: positional tensors only (no constant among them), handed to the runner as they are.
-        self._positional = (
-            not self._kwarg_names
-            and len(self._tensor_index) == len(leaves)
-            and all(c.is_leaf() for c in _children(args_spec))
-        )
-        self._unflatten = _output_builder(pytree, self._out_spec)
-        self._single_out = self._out_spec.is_leaf()
+        self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
 
     def _aoti(self, torch, entry):
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
@@ -219,14 +214,16 @@ class _CompiledModel:
                 + (f" (unexpected: {unknown})" if unknown else "")
                 + (f" (missing: {missing})" if missing else "")
             )
-        leaves, spec = self._pytree.tree_flatten((args, {k: kwargs[k] for k in self._kwarg_names}))
-        if spec != self._in_spec:
+        inputs = (args, {k: kwargs[k] for k in self._kwarg_names})
+        try:  # dicts in any key order, as eager takes them
+            leaves = self._in_spec.flatten_up_to(inputs)
+        except (TypeError, ValueError):
             raise TypeError(
                 f"compiled model {self.name!r}: inputs do not have the structure it was built with "
-                f"(expected {self._in_spec}, got {spec})"
-            )
+                f"(expected {self._in_spec}, got {self._pytree.tree_structure(inputs)})"
+            ) from None
         for index, value in self._constants:
-            if leaves[index] != value:
+            if type(leaves[index]) is not type(value) or leaves[index] != value:
                 raise ValueError(
                     f"compiled model {self.name!r}: input {index} was fixed to {value!r} when the model "
                     f"was compiled; got {leaves[index]!r}"
@@ -235,6 +232,7 @@ class _CompiledModel:
 
     def _reject(self, tensors):
         """Raise the error for the first tensor input that does not fit."""
+        roots = {}
         for position, tensor in enumerate(tensors):
             leaf = self._leaves[self._tensor_index[position]]
             expected = _describe(leaf)
@@ -244,18 +242,28 @@ class _CompiledModel:
             if tensor.layout is not self._strided:
                 raise TypeError(f"{where} must be a dense tensor ({expected}); got one of layout {tensor.layout}")
             got = f"{str(tensor.dtype).replace('torch.', '')} on {tensor.device.type} with shape {list(tensor.shape)}"
-            dtype, cpu, sizes, ranges = self._checks[position]
+            dtype, cpu, sizes, dims = self._checks[position]
             if tensor.dtype is not dtype or tensor.is_cpu is not cpu or not (cpu or tensor.is_cuda):
                 raise TypeError(f"{where} must be {expected}; got {got}")
-            if not (_in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes):
+            if not _fits(tensor.shape, sizes, dims, {}):
                 raise ValueError(f"{where} must be {expected}; got {got}")
+            for axis, _, _, root, mult, offset in dims:
+                value = (tensor.shape[axis] - offset) // mult
+                seen = roots.setdefault(root, (value, position, axis))
+                if seen[0] != value:
+                    raise ValueError(
+                        f"{where}: axis {axis} gives {root} = {value}, but input {seen[1]} axis {seen[2]} "
+                        f"gave {root} = {seen[0]}; the inputs must agree on it"
+                    )
         raise AssertionError("no input was rejected")
 
 
-def _check_cpu(name, cpu, machine=None, flags=None):
+def _check_cpu(name, cpu, machine=None, flags=None, cpuid=None):
     """Refuse, with the reason, a CPU that lacks the instructions the model was built for.
 
-    Running it anyway would die with SIGILL (torch itself only logs a warning).
+    Running it anyway would die with SIGILL (torch itself only logs a warning). The CPU's
+    own answer (CPUID, as torch reads it) wins over /proc/cpuinfo, which an emulator or a
+    container may copy from another machine; /proc/cpuinfo covers the features it lacks.
     """
     machine = machine or os.uname().machine
     if cpu["arch"] != machine:
@@ -264,15 +272,36 @@ def _check_cpu(name, cpu, machine=None, flags=None):
         )
     if flags is None:
         flags = _host_flags()
-    if flags is None:
-        return  # no /proc/cpuinfo to read: nothing to check against
-    missing = [f for f in cpu["features"] if f not in flags]
+    cpuid = cpuid or {}
+    missing = []
+    for feature in cpu["features"]:
+        answer = cpuid.get(_CPUID_NAMES.get(feature, feature))
+        if answer is False or (answer is None and flags is not None and feature not in flags):
+            missing.append(feature)
     if missing:
         raise RuntimeError(
             f"compiled model {name!r} needs a CPU with {cpu['target']} instructions; this CPU lacks "
             f"{', '.join(missing)}. Rebuild the wheel with an older `cpu-target` (for example "
             '"x86-64-v3") to run it here.'
         )
+
+
+#: /proc/cpuinfo flag names -> the names torch's CPUID reader (``torch.cpu.get_capabilities``) uses.
+_CPUID_NAMES = {
+    "fma": "fma3", "bmi1": "bmi", "abm": "lzcnt", "pni": "sse3", "avx512f": "avx512_f", "avx512bw": "avx512_bw",
+    "avx512cd": "avx512_cd", "avx512dq": "avx512_dq", "avx512vl": "avx512_vl", "avx512vbmi": "avx512_vbmi",
+    "avx512ifma": "avx512_ifma",
+}  # fmt: skip
+
+
+def _cpuid(torch):
+    """What the CPU itself reports to this process (True/False by feature); empty where torch cannot say."""
+    get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
+    try:
+        found = get() if get is not None else {}
+    except Exception:  # noqa: BLE001 - no answer: /proc/cpuinfo alone decides
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, bool)}
 
 
 _FLAGS = []
@@ -297,40 +326,172 @@ def _host_flags():
 def _callable(engine):
     """The function ``load()`` returns: the eager model's call signature, checked, then the runner.
 
-    A plain closure rather than a method: calling it costs less than calling an
-    instance, and the runner is fast enough that this shows (see benchmarks/).
+    Its code is generated for the model's own input and output structure (plain indexing
+    and comparisons, no tree walk), since the runner is fast enough that a generic
+    flatten would cost more than the call itself. Anything the generated code does not
+    expect takes the generic path, which either runs the call or raises the right error.
     """
-    run, unflatten, flatten, reject = engine._run, engine._unflatten, engine._flatten, engine._reject
-    checks, strided = engine._checks, engine._strided
-    # The compiled code indexes its inputs as the contiguous tensors it was exported with:
-    # other layouts (channels-last, transposed or sliced views) are copied, or it computes
-    # garbage; so are complex views whose conjugation is only a flag.
-    prepare = _resolved if engine._complex else _contiguous
+    tensors_of = _checker(engine)
+    finish = _finisher(engine)
 
-    if (engine._positional and engine._n_args == 1 and not checks[0][3] and engine._single_out
-            and engine.device == "cpu" and not engine._complex):  # fmt: skip
-        # One static CPU tensor in, one tensor out: the common case, kept as short as possible.
-        ((dtype, _, sizes, _),) = checks
+    def generic(args, kwargs):
+        tensors = tensors_of(args, kwargs)
+        prepared = _resolved(tensors) if engine._complex else _contiguous(tensors)
+        return finish(tensors, prepared, engine._run(list(prepared)))  # torch's fallback runner empties it
 
-        def model(*args, **kwargs):
-            if kwargs or len(args) != 1:
-                args = flatten(args, kwargs)
-            x = args[0]
-            try:
-                ok = x.dtype is dtype and x.is_cpu and x.shape == sizes and x.layout is strided
-            except AttributeError:
-                ok = False
-            if not ok:
-                reject(args)
-            return run([x if x.is_contiguous() else x.contiguous()])[0]
+    return _named(_generated(engine, generic), engine)
 
-    else:
-        tensors_of = _checker(engine)
 
-        def model(*args, **kwargs):
-            return unflatten(run(prepare(tensors_of(args, kwargs))))
+class _Miss(Exception):
+    """The generated fast path does not take this call."""
 
-    return _named(model, engine)
+
+_MISSES = (_Miss, LookupError, TypeError, AttributeError)
+
+
+def _generated(engine, generic):
+    """Compile the model's call function; ``generic(args, kwargs)`` takes whatever it does not."""
+    env = {"_run": engine._run, "_generic": generic, "_Miss": _Miss, "_MISSES": _MISSES, "_strided": engine._strided}
+    lines, leaves = _unpacking(engine, env)
+    if leaves is None or not _inline_checks(engine, leaves, lines, env):
+        return lambda *args, **kwargs: generic(args, kwargs)
+    tensors = [leaves[i] for i in engine._tensor_index]
+    body = ["def model(*args, **kwargs):", "    try:", *lines, "    except _MISSES:", "        pass", "    else:",
+            *_calling(engine, tensors, env), "    return _generic(args, kwargs)"]  # fmt: skip
+    # The call runs in the else branch, outside the handler: its errors never show the _Miss.
+    exec("\n".join(body), env)  # noqa: S102 - code made here from the manifest's structure, nothing else
+    return env["model"]
+
+
+def _unpacking(engine, env):
+    """Lines that bind each input leaf to ``v<i>``, checking the containers on the way; (lines, None)
+    where a container is of another type than tuple, list or dict (the generic path takes those)."""
+    args_spec, kwargs_spec = _children(engine._in_spec)
+    lines = [f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine._kwarg_names)}: raise _Miss"]
+    leaves, nodes = [], itertools.count()
+
+    def walk(spec, expr):
+        if spec.is_leaf():
+            leaves.append(f"v{len(leaves)}")
+            lines.append(f"        {leaves[-1]} = {expr}")
+            return True
+        var, children = f"n{next(nodes)}", _children(spec)
+        lines.append(f"        {var} = {expr}")
+        if spec.type in (tuple, list):
+            lines.append(f"        if type({var}) is not {spec.type.__name__} or len({var}) != {len(children)}: raise _Miss")
+            return all(walk(c, f"{var}[{i}]") for i, c in enumerate(children))
+        if spec.type is dict:
+            env[f"K{var}"] = frozenset(spec.context)
+            lines.append(f"        if type({var}) is not dict or {var}.keys() != K{var}: raise _Miss")
+            return all(walk(c, f"{var}[{_key(env, k)}]") for k, c in zip(spec.context, children))
+        return False
+
+    ok = all(walk(c, f"args[{i}]") for i, c in enumerate(_children(args_spec)))
+    ok = ok and all(walk(c, f"kwargs[{k!r}]") for k, c in zip(engine._kwarg_names, _children(kwargs_spec)))
+    return lines, leaves if ok else None
+
+
+def _key(env, key):
+    """A dict key in generated code: a string as its literal, anything else by a name in its globals."""
+    if type(key) is str:
+        return repr(key)
+    env[f"Q{len(env)}"] = key
+    return f"Q{len(env) - 1}"
+
+
+def _calling(engine, tensors, env):
+    """Lines that make the inputs contiguous, run, write back the inputs the model writes, and return."""
+    lines = []
+    for position, var in enumerate(tensors):
+        if engine._checks[position][0].is_complex:
+            lines.append(f"        c{position} = {var}.resolve_conj().resolve_neg().contiguous()")
+        else:
+            lines.append(f"        c{position} = {var} if {var}.is_contiguous() else {var}.contiguous()")
+    lines.append(f"        o = _run([{', '.join(f'c{p}' for p in range(len(tensors)))}])")
+    for position in engine._mutated:  # the caller's tensor changes as it would in eager
+        lines.append(f"        if c{position} is not {tensors[position]}: {tensors[position]}.copy_(c{position})")
+    lines.append(f"        return {_output_expr(engine, env)}")
+    return lines
+
+
+def _inline_checks(engine, leaves, lines, env):
+    """The per-tensor checks as generated lines; False if a leaf needs the generic path."""
+    roots = {}
+    if any("const" in leaf and not leaf.get("check_const") for leaf in engine._leaves):
+        return False  # a constant that is not a plain value: compared by the generic path only
+    for index, value in engine._constants:
+        env[f"C{index}"] = value
+        lines.append(f"        if type({leaves[index]}) is not type(C{index}) or {leaves[index]} != C{index}: raise _Miss")
+    for position, (dtype, cpu, sizes, dims) in enumerate(engine._checks):
+        var = leaves[engine._tensor_index[position]]
+        env[f"D{position}"] = dtype
+        tests = [f"{var}.dtype is D{position}", f"{var}.is_cpu" if cpu else f"{var}.is_cuda", f"{var}.layout is _strided"]
+        if not dims:
+            env[f"S{position}"] = sizes
+            lines.append(f"        if not ({' and '.join([*tests, f'{var}.shape == S{position}'])}): raise _Miss")
+            continue
+        static = [f"s[{axis}] == {size}" for axis, size in enumerate(sizes) if size is not None]
+        lines.append(f"        if not ({' and '.join(tests)}): raise _Miss")
+        lines.append(f"        s = {var}.shape")
+        lines.append(f"        if not ({' and '.join([f'len(s) == {len(sizes)}', *static])}): raise _Miss")
+        for axis, low, high, root, mult, offset in dims:
+            bounds = f"{low} <= s[{axis}]" + ("" if high == float("inf") else f" <= {high}")
+            value = f"s[{axis}]" if (mult, offset) == (1, 0) else f"(s[{axis}] - {offset}) // {mult}"
+            rule = "" if mult == 1 else f" and (s[{axis}] - {offset}) % {mult} == 0"
+            lines.append(f"        if not ({bounds}{rule}): raise _Miss")
+            if root in roots:
+                lines.append(f"        if {value} != {roots[root]}: raise _Miss")
+            else:
+                roots[root] = f"r{len(roots)}"
+                lines.append(f"        {roots[root]} = {value}")
+    return True
+
+
+def _output_expr(engine, env):
+    """An expression of ``o`` (the runner's flat outputs) in the eager model's output structure and types."""
+    flat = []
+    for i, out in enumerate(engine._outputs):
+        kind = out["kind"]
+        if kind == "const":
+            env[f"O{i}"] = out["value"]
+            flat.append(f"O{i}")
+        elif kind in ("int", "float", "bool"):
+            flat.append(f"{kind}(o[{i}])")
+        else:
+            flat.append(f"o[{i}]")
+    leaves = iter(flat)
+
+    def build(spec):
+        if spec.is_leaf():
+            return next(leaves)
+        children = [build(c) for c in _children(spec)]
+        if spec.type is tuple:
+            return f"({', '.join(children)},)" if children else "()"
+        if spec.type is list:
+            return f"[{', '.join(children)}]"
+        if spec.type is dict:
+            return "{" + ", ".join(f"{_key(env, k)}: {c}" for k, c in zip(spec.context, children)) + "}"
+        raise _Miss
+
+    try:
+        return build(engine._out_spec)
+    except _Miss:  # another container type: pytree rebuilds it
+        env["_unflatten"], env["_spec"] = engine._pytree.tree_unflatten, engine._out_spec
+        return f"_unflatten([{', '.join(flat)}], _spec)"
+
+
+def _finisher(engine):
+    """For the generic path: mutations written back, outputs in the eager model's structure and types."""
+    env = {}
+    code = f"lambda o: {_output_expr(engine, env)}"
+    outputs = eval(code, env)  # noqa: S307 - made here from the manifest's output structure
+    mutated = engine._mutated
+
+    def finish(tensors, prepared, flat):
+        _write_back(tensors, prepared, mutated)
+        return outputs(flat)
+
+    return finish
 
 
 def _contiguous(tensors):
@@ -338,7 +499,7 @@ def _contiguous(tensors):
 
 
 def _resolved(tensors):
-    return [t.resolve_conj().resolve_neg().contiguous() for t in tensors]
+    return [t.resolve_conj().resolve_neg().contiguous() if t.is_complex() else t for t in _contiguous(tensors)]
 
 
 def _checked(engine):
@@ -346,8 +507,7 @@ def _checked(engine):
     run, tensors_of = engine._run, _checker(engine)
 
     def model(*args, **kwargs):
-        tensors_of(args, kwargs)
-        return run(*args, **kwargs)
+        return run(tensors_of(args, kwargs), args, kwargs)
 
     return _named(model, engine)
 
@@ -355,21 +515,20 @@ def _checked(engine):
 def _checker(engine):
     """A function from a call's inputs to its tensors in compiled order, raising for any that does not fit."""
     flatten, reject, checks, strided = engine._flatten, engine._reject, engine._checks, engine._strided
-    n_fast = engine._n_args if engine._positional else -1
 
     def tensors_of(args, kwargs):
-        if kwargs or len(args) != n_fast:
-            args = flatten(args, kwargs)
-        for tensor, (dtype, cpu, sizes, ranges) in zip(args, checks):
+        tensors = flatten(args, kwargs)
+        roots = {}
+        for tensor, (dtype, cpu, sizes, dims) in zip(tensors, checks):
             try:
                 ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda) and tensor.layout is strided
                 if ok:
-                    ok = _in_ranges(tensor.shape, sizes, ranges) if ranges else tensor.shape == sizes
+                    ok = _fits(tensor.shape, sizes, dims, roots) if dims else tensor.shape == sizes
             except AttributeError:
                 ok = False
             if not ok:
-                reject(args)
-        return args
+                reject(tensors)
+        return tensors
 
     return tensors_of
 
@@ -394,8 +553,7 @@ def _call(module, *args, **kwargs):
 
 
 def _precompiled(name, entry):
-    """A model of the precompile backend: its factory's module under the saved function."""
-    import importlib
+    """A model of the precompile backend: its factory's module under the saved functions."""
     import platform
 
     import torch
@@ -406,40 +564,101 @@ def _precompiled(name, entry):
             f"compiled model {name!r} was precompiled with Python {built[0]} and torch {built[1]}, and loads "
             f"only there; this is Python {here[0]} with torch {here[1]}. Install a wheel built for them."
         )
-    module_name, _, attr = entry["factory"].partition(":")
-    factory = importlib.import_module(module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
-    import torch._inductor.config
+    return _Precompiled(torch, name, entry)
 
-    # The module and the guards are made outside inference mode, which would give the
-    # parameters other dispatch keys than the guards expect; the kernels are compiled now,
-    # with the settings their code was generated for (another vector width computes garbage).
-    settings = torch._inductor.config.patch(entry["inductor_configs"])
-    with torch.inference_mode(False), settings, open(os.path.join(_HERE, name, entry["file"]), "rb") as f:
-        module = factory().to(entry["device"]).eval()
-        compiled = torch.compiler.load_compiled_function(f)
-    no_grad, inference_mode, tree_map_only = torch.no_grad, torch.inference_mode, torch.utils._pytree.tree_map_only
 
-    def plain(tensor):  # contiguous, as when it was compiled: the guards check strides
+class _Precompiled:
+    """The saved functions of a precompile model, one per region of sizes (each compiled under its own
+    region's guards); the first is loaded with the model, the others on first use."""
+
+    def __init__(self, torch, name, entry):
+        import importlib
+
+        import torch._inductor.config
+
+        module_name, _, attr = entry["factory"].partition(":")
+        factory = importlib.import_module(module_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        self.torch, self.name = torch, name
+        # The module and the guards are made outside inference mode, which would give the
+        # parameters other dispatch keys than the guards expect; the kernels are compiled when
+        # loaded, with the settings their code was generated for (another vector width computes garbage).
+        self.settings = torch._inductor.config.patch(entry["inductor_configs"])
+        with torch.inference_mode(False):
+            self.module = factory().to(entry["device"]).eval()
+        self.regions = entry.get("regions") or [{"file": entry["file"], "dims": {}}]
+        self.loaded = [None] * len(self.regions)
+        self.lock = threading.Lock()
+        self.axes = _root_axes(entry["call"])
+        leaves = entry["call"]
+        self.tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
+        self.mutated = [p for p, i in enumerate(self.tensor_index) if leaves[i].get("mutated")]
+        self.in_spec = torch.utils._pytree.treespec_loads(entry["call_spec"][0])
+        self.kwarg_names = tuple(_children(self.in_spec)[1].context)
+        self._load(0)
+
+    def _load(self, index):
+        path = os.path.join(_HERE, self.name, self.regions[index]["file"])
+        with self.torch.inference_mode(False), self.settings, open(path, "rb") as f:
+            self.loaded[index] = self.torch.compiler.load_compiled_function(f)
+
+    def _compiled_for(self, tensors):
+        sizes = {root: (tensors[p].shape[axis] - offset) // mult for p, axis, root, mult, offset in self.axes}
+        for index, region in enumerate(self.regions):
+            if all(low <= sizes[root] and (high is None or sizes[root] <= high)
+                   for root, (low, high) in region["dims"].items()):  # fmt: skip
+                break
+        else:
+            raise ValueError(f"compiled model {self.name!r}: no compiled region covers sizes {sizes}")
+        if self.loaded[index] is None:
+            with self.lock:
+                if self.loaded[index] is None:
+                    self._load(index)
+        return self.loaded[index]
+
+    def _plain(self, tensor):  # contiguous, as when it was compiled: the guards check strides
         if tensor.is_inference():
-            return tensor.clone(memory_format=torch.contiguous_format)
+            return tensor.clone(memory_format=self.torch.contiguous_format)
         return tensor if tensor.is_contiguous() else tensor.contiguous()
 
-    def run(*args, **kwargs):
+    def __call__(self, tensors, args, kwargs):
+        torch, compiled = self.torch, self._compiled_for(tensors)
+        leaves = self.in_spec.flatten_up_to((args, {k: kwargs[k] for k in self.kwarg_names}))  # checked already
         # Its guards were recorded under no_grad, outside inference mode: inside it, and for
         # tensors made in it, they would fail.
-        with inference_mode(False), no_grad():
-            args, kwargs = tree_map_only(torch.Tensor, plain, (args, kwargs))
+        with torch.inference_mode(False), torch.no_grad():
+            copies = [self._plain(t) for t in tensors]
+            for index, copy in zip(self.tensor_index, copies):
+                leaves[index] = copy
+            args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.in_spec)
             try:
-                return compiled(module, *args, **kwargs)
+                out = compiled(self.module, *args, **kwargs)
             except RuntimeError as exc:
                 if not str(exc).startswith("GuardManager check failed"):
                     raise
                 why = " ".join(str(exc).split())[:400]
-                raise ValueError(f"compiled model {name!r}: these inputs fail the guards it was compiled with: {why}") from None
+                raise ValueError(f"compiled model {self.name!r}: these inputs fail the guards it was compiled "
+                                 f"with: {why}") from None  # fmt: skip
+        _write_back(tensors, copies, self.mutated)  # in the caller's mode, as eager writes
+        return out
 
-    return run
+
+def _write_back(tensors, copies, mutated):
+    """The inputs the model writes into, written from the copies the compiled code ran on."""
+    for position in mutated:
+        if copies[position] is not tensors[position]:
+            tensors[position].copy_(copies[position])
+
+
+def _root_axes(leaves):
+    """(tensor position, axis, root dim, multiple, offset) of every dynamic axis of a model's inputs."""
+    found = []
+    for position, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf):
+        for axis, d in enumerate(leaf["shape"]):
+            if not isinstance(d, int):
+                found.append((position, axis, d.get("root", d["name"]), d.get("mult", 1), d.get("offset", 0)))
+    return found
 
 
 def _runtime(name, entry):
@@ -451,31 +670,36 @@ def _runtime(name, entry):
     spec = importlib.util.spec_from_file_location(f"{__name__}._runtime_{backend}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.load(name, entry, os.path.join(_HERE, name))
+    call = module.load(name, entry, os.path.join(_HERE, name))
+    return lambda tensors, args, kwargs: call(*args, **kwargs)
 
 
 def _tensor_check(torch, leaf):
-    """(dtype, on cpu?, static sizes (None where dynamic), ((axis, min, max), ...))."""
+    """(dtype, on cpu?, static sizes (None where dynamic), ((axis, min, max, root, multiple, offset), ...))."""
     sizes = tuple(d if isinstance(d, int) else None for d in leaf["shape"])
-    ranges = tuple(
-        (axis, d["min"], d["max"] if d["max"] is not None else float("inf"))
+    dims = tuple(
+        (axis, d["min"], d["max"] if d["max"] is not None else float("inf"), d.get("root", d["name"]),
+         d.get("mult", 1), d.get("offset", 0))
         for axis, d in enumerate(leaf["shape"])
         if not isinstance(d, int)
-    )
-    if not ranges:
+    )  # fmt: skip
+    if not dims:
         sizes = torch.Size(sizes)
-    return getattr(torch, leaf["dtype"]), leaf["device"] == "cpu", sizes, ranges
+    return getattr(torch, leaf["dtype"]), leaf["device"] == "cpu", sizes, dims
 
 
-def _in_ranges(shape, sizes, ranges):
-    """Rank, static sizes and dynamic ranges of a shape with dynamic dims."""
+def _fits(shape, sizes, dims, roots):
+    """Rank, static sizes, dynamic ranges and rules of a shape; ``roots`` collects each root dim's value."""
     if len(shape) != len(sizes):
         return False
     for axis, size in enumerate(sizes):
         if size is not None and shape[axis] != size:
             return False
-    for axis, low, high in ranges:
-        if not low <= shape[axis] <= high:
+    for axis, low, high, root, mult, offset in dims:
+        n = shape[axis]
+        if not low <= n <= high or (n - offset) % mult:
+            return False
+        if roots.setdefault(root, (n - offset) // mult) != (n - offset) // mult:
             return False
     return True
 
@@ -485,25 +709,19 @@ def _describe(leaf):
     for d in leaf["shape"]:
         if isinstance(d, int):
             dims.append(str(d))
-        else:
-            dims.append(f"{d['name']} in [{d['min']}, {d['max'] if d['max'] is not None else 'inf'}]")
+            continue
+        text = f"{d['name']} in [{d['min']}, {d['max'] if d['max'] is not None else 'inf'}]"
+        if d.get("mult", 1) != 1 or d.get("offset", 0):
+            text += f" with {d['name']} = {_rule(d)}"
+        dims.append(text)
     return f"{leaf['dtype']} on {leaf['device']} with shape [{', '.join(dims)}]"
 
 
-def _output_builder(pytree, spec):
-    """A function from the runner's flat outputs to the eager model's output structure."""
-    children = _children(spec)
-    if spec.is_leaf():
-        return lambda flat: flat[0]
-    if all(c.is_leaf() for c in children):
-        if spec.type is tuple:
-            return tuple
-        if spec.type is list:
-            return lambda flat: flat
-        if spec.type is dict:
-            keys = tuple(spec.context)
-            return lambda flat: dict(zip(keys, flat))
-    return lambda flat: pytree.tree_unflatten(flat, spec)
+def _rule(dim):
+    """``320*frames``, ``2*n + 1``: a derived dim as its root, multiple and offset."""
+    text = f"{dim['mult']}*{dim['root']}" if dim.get("mult", 1) != 1 else dim["root"]
+    offset = dim.get("offset", 0)
+    return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset < 0 else text
 
 
 def _children(spec):

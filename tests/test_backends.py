@@ -110,15 +110,15 @@ def test_the_narrowest_pin_wins() -> None:
         combined_pins([exact, Pins("torch==2.13.0", "cp310")])
 
 
-def test_precompile_needs_dynamic_sizes_of_two_at_least() -> None:
+def test_precompile_takes_any_range_but_no_rules() -> None:
     from hatch_aoti.backends.precompile import PrecompileBackend
     from hatch_aoti.config import parse_settings
 
-    table = {"models": {"m": {"factory": "a:b", "backend": "precompile", "inputs": [{"shape": ["n"]}],
-                              "dynamic": {"n": {"min": 1, "max": 8}}}}}  # fmt: skip
+    table = {"models": {"m": {"factory": "a:b", "backend": "precompile", "inputs": [{"shape": ["n", "k"]}],
+                              "dynamic": {"n": {"min": 0, "max": 8}, "k": "2*n"}}}}  # fmt: skip
     (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
     ((path, message),) = PrecompileBackend().check(spec)
-    assert path.endswith("models.m.dynamic.n.min") and "cannot take sizes below 2" in message
+    assert path.endswith("models.m.dynamic.k") and "the precompile backend cannot compile" in message
 
 
 def test_unknown_backends_are_named_with_the_installed_ones() -> None:

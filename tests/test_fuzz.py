@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.config import DTYPES, HOOK_PATH, ConfigError, parse_settings
 from hatch_aoti.cpu_targets import X86_64_V4
 
 VALID: dict[str, Any] = {
@@ -83,15 +83,48 @@ def related(problem: str, mutated: str) -> bool:
     return False
 
 
-def check_table(table: dict[str, Any], mutated: str) -> None:
+def check_table(table: dict[str, Any], where: tuple[Any, ...], value: Any) -> None:
+    """Refused with a problem about the mutated place, or accepted with exactly that value there."""
+    mutated = toml_path(where)
     try:
-        parse_settings(table, machine="x86_64", flags=set(X86_64_V4))
+        settings = parse_settings(table, machine="x86_64", flags=set(X86_64_V4))
     except ConfigError as exc:
         assert exc.problems, "a ConfigError lists its problems"
         for path, message in exc.problems:
             assert isinstance(path, str) and isinstance(message, str) and message
         assert any(related(path, mutated) for path, _ in exc.problems), (mutated, exc.problems)
         assert str(exc).startswith("hatch-aoti found")
+        return
+    assert_reflects(parsed_at(settings, where), value, mutated)
+
+
+def parsed_at(settings: Any, where: tuple[Any, ...]) -> Any:
+    """What the parsed settings hold at a place of the table (models by name, keys as attributes)."""
+    node: Any = settings
+    for part in where:
+        if node is settings and part == "models":
+            node = {model.name: model for model in settings.models}
+        elif isinstance(node, (dict, tuple, list)):
+            node = node[part]
+        else:
+            node = getattr(node, str(part).replace("-", "_"))
+    return node
+
+
+def assert_reflects(parsed: Any, value: Any, where: str) -> None:
+    if isinstance(value, dict) and not isinstance(parsed, dict):  # a table read into a dataclass
+        for key, item in value.items():
+            assert_reflects(getattr(parsed, key.replace("-", "_")), item, f"{where}.{key}")
+    elif isinstance(value, dict):
+        assert set(parsed) == set(value), where
+        for key, item in value.items():
+            assert_reflects(parsed[key], item, f"{where}.{key}")
+    elif isinstance(value, list) and isinstance(parsed, tuple):
+        assert len(parsed) == len(value), where
+        for index, (got, item) in enumerate(zip(parsed, value)):
+            assert_reflects(got, item, f"{where}[{index}]")
+    else:
+        assert parsed == value or parsed == DTYPES.get(value), (where, parsed, value)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,7 +132,7 @@ def check_table(table: dict[str, Any], mutated: str) -> None:
 def test_any_value_anywhere_is_accepted_or_named(where: tuple[Any, ...], value: Any) -> None:
     table = copy.deepcopy(VALID)
     _at(table, where[:-1])[where[-1]] = value
-    check_table(table, toml_path(where))
+    check_table(table, where, value)
 
 
 @settings(max_examples=200, deadline=None)
@@ -110,7 +143,7 @@ def test_any_key_anywhere_is_accepted_or_named(where: tuple[Any, ...], key: str,
     node = _at(table, where)
     assume(key not in node)
     node[key] = value
-    check_table(table, toml_path((*where, key)))
+    check_table(table, (*where, key), value)
 
 
 # -- random calls to a loaded model ------------------------------------------------------------
@@ -149,14 +182,7 @@ def tensors(shape: list[int]) -> st.SearchStrategy[Any]:
     layouts = st.sampled_from(["contiguous", "contiguous", "transposed", "strided", "channels_last"])
 
     def make(size: list[int], dtype: Any, device: str, layout: str) -> Any:
-        tensor = (torch.rand(size) * 4 - 2).to(dtype).to(device)
-        if layout == "transposed" and tensor.dim() >= 2:  # same values, other strides
-            return tensor.mT.contiguous().mT
-        if layout == "strided" and tensor.dim() >= 1:  # gaps between elements
-            return tensor.repeat_interleave(2, dim=-1)[..., ::2]
-        if layout == "channels_last" and tensor.dim() == 4:
-            return tensor.contiguous(memory_format=torch.channels_last)
-        return tensor
+        return _laid_out((torch.rand(size) * 4 - 2).to(dtype).to(device), layout)
 
     return st.builds(make, sizes, dtypes, devices, layouts)
 
@@ -176,13 +202,16 @@ def calls(shape: list[int]) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str
     return st.one_of(st.tuples(st.tuples(tensors(shape)), st.just({})), st.tuples(args, kwargs))
 
 
-def matches_eager(model: Any, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Call the compiled model: it either raises TypeError/ValueError, or agrees with eager."""
+def matches_eager(model: Any, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, valid: bool) -> bool:
+    """Call the compiled model: a valid call must agree with eager; any other either raises TypeError or
+    ValueError, or agrees with eager. True if the model took the call."""
     try:
         with torch.inference_mode():
             got = model(*args, **kwargs)
     except (TypeError, ValueError):
-        return
+        if valid:
+            raise
+        return False
     with torch.inference_mode():
         want = eager(*args, **kwargs)
     got_leaves, want_leaves = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
@@ -190,17 +219,48 @@ def matches_eager(model: Any, eager: Any, args: tuple[Any, ...], kwargs: dict[st
     for g, w in zip(got_leaves, want_leaves):
         assert g.shape == w.shape and g.dtype == w.dtype
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-5) or not math.isfinite(float(w.abs().max()))
+    return True
+
+
+def valid_tensor(shape: list[int]) -> st.SearchStrategy[Any]:
+    """A tensor the model must take: the expected shape and dtype on the CPU, in any layout."""
+    layouts = st.sampled_from(["contiguous", "transposed", "strided", "channels_last"])
+    return st.builds(lambda layout: _laid_out(torch.rand(shape) * 4 - 2, layout), layouts)
+
+
+def _laid_out(tensor: Any, layout: str) -> Any:
+    if layout == "transposed" and tensor.dim() >= 2:  # same values, other strides
+        return tensor.mT.contiguous().mT
+    if layout == "strided" and tensor.dim() >= 1:  # gaps between elements
+        return tensor.repeat_interleave(2, dim=-1)[..., ::2]
+    if layout == "channels_last" and tensor.dim() == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
 
 
 @pytest.mark.integration
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_valid_calls_are_all_taken_and_match_eager(sample: Any, data: st.DataObject) -> None:
+    model, eager, shape = drawn_model(sample, data)
+    assert matches_eager(model, eager, (data.draw(valid_tensor(shape)),), {}, valid=True)
+
+
+@pytest.mark.integration
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_calls_match_eager_or_raise_type_or_value_errors(sample: Any, data: st.DataObject) -> None:
+    model, eager, shape = drawn_model(sample, data)
+    args, kwargs = data.draw(calls(shape))
+    matches_eager(model, eager, args, kwargs, valid=False)
+
+
+def drawn_model(sample: Any, data: st.DataObject) -> tuple[Any, Any, list[int]]:
+    """One of the sample's models, compiled and eager, and the input shape it takes (any batch for the classifier)."""
     compiled, eager = sample
     name = data.draw(st.sampled_from(["mlp", "classifier"]))
     shape = [4, 128] if name == "mlp" else [data.draw(st.integers(1, 64)), 3, 16, 16]
-    args, kwargs = data.draw(calls(shape))
-    matches_eager(compiled.load(name), eager[name], args, kwargs)
+    return compiled.load(name), eager[name], shape
 
 
 @pytest.mark.integration

@@ -119,8 +119,8 @@ def test_load_is_shared_and_thread_safe(sample_installed: Runtime) -> None:
                           "same": compiled.load("mlp") is compiled.load("mlp")}))
         """
     )
-    assert result == {"ids": 1, "calls": 400, "max_err": result["max_err"], "same": True}
-    assert result["max_err"] < 1e-5
+    assert result.pop("max_err") < 1e-5
+    assert result == {"ids": 1, "calls": 400, "same": True}
 
 
 def test_save_pt2_is_a_standard_package(sample_installed: Runtime, tmp_path: Path) -> None:

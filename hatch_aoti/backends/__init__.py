@@ -50,6 +50,8 @@ class Request:
     """Import name the generated loader has at run time (``my_pkg.compiled``)."""
     factory: str = ""
     """``module:attr`` of the model's factory."""
+    spec: Any = None
+    """The model's :class:`hatch_aoti.config.ModelSpec` (its ``dynamic`` table as declared, say)."""
 
 
 class Backend:

@@ -18,12 +18,15 @@ class Case:
 
 
 def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
-    """Each named dynamic dim's (min, max); max ``None`` when unbounded."""
+    """Each root dynamic dim's (min, max); max ``None`` when unbounded. A derived dim (``samples =
+    320*frames``) follows its root, so its root is the one tried and set."""
     found: dict[str, tuple[int, int | None]] = {}
     for leaf in entry["call"]:
         for d in leaf.get("shape", []):
             if isinstance(d, dict):
-                found.setdefault(d["name"], (d["min"], d["max"]))
+                mult, offset = d.get("mult", 1), d.get("offset", 0)
+                high = None if d["max"] is None else (d["max"] - offset) // mult
+                found.setdefault(d.get("root", d["name"]), ((d["min"] - offset) // mult, high))
     return found
 
 
@@ -35,7 +38,8 @@ def example_sizes(entry: dict[str, Any]) -> dict[str, int]:
     if tried and len(tried[0]["shapes"]) == len(tensors):
         for leaf, shape in zip(tensors, tried[0]["shapes"]):
             if len(shape) == len(leaf["shape"]):
-                sizes.update({d["name"]: n for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)})
+                sizes.update({d.get("root", d["name"]): (n - d.get("offset", 0)) // d.get("mult", 1)
+                              for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)})  # fmt: skip
     return sizes
 
 
@@ -90,7 +94,11 @@ def leaves_at(entry: dict[str, Any], sizes: dict[str, int]) -> list[dict[str, An
 
 
 def _shape(leaf: dict[str, Any], sizes: dict[str, int]) -> list[int]:
-    return [d if isinstance(d, int) else sizes[d["name"]] for d in leaf["shape"]]
+    return [d if isinstance(d, int) else _size(d, sizes) for d in leaf["shape"]]
+
+
+def _size(dim: dict[str, Any], sizes: dict[str, int]) -> int:
+    return dim.get("mult", 1) * sizes[dim.get("root", dim["name"])] + dim.get("offset", 0)
 
 
 def _leaf(torch: Any, leaf: dict[str, Any], sizes: dict[str, int], generator: Any) -> Any:
@@ -110,7 +118,7 @@ def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
     parts = []
     for leaf in entry["call"]:
         if "const" not in leaf:
-            shape = [str(d) if isinstance(d, int) else str(sizes[d["name"]]) if sizes else d["name"]
+            shape = [str(d) if isinstance(d, int) else str(_size(d, sizes)) if sizes else d["name"]
                      for d in leaf["shape"]]  # fmt: skip
             parts.append(f"{leaf['dtype']}[{', '.join(shape)}]")
     return ", ".join(parts)

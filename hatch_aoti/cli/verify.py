@@ -49,23 +49,27 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
 def run_case(entry: dict[str, Any], model: Any, module: Any, case: calls.Case) -> dict[str, Any]:
     import torch
 
-    from hatch_aoti.verify import compare
+    from hatch_aoti.verify import compare, copied
 
     result: dict[str, Any] = {"case": case.label, "inputs": calls.describe(entry, case.sizes)}
-    args, kwargs = calls.make_inputs(entry, case.sizes, calls.in_spec(entry, model))
+    sample = calls.make_inputs(entry, case.sizes, calls.in_spec(entry, model))
+    (args, kwargs), (e_args, e_kwargs) = sample, copied(sample)  # each run its own inputs: a model may write them
     with torch.no_grad():
         try:
             actual = model(*args, **kwargs)
-            expected = module(*args, **kwargs) if module is not None else None
+            expected = module(*e_args, **e_kwargs) if module is not None else None
         except Exception as exc:  # noqa: BLE001 - reported per case
             result["error"] = f"{type(exc).__name__}: {models.first_line(exc)}"
             return result
     if module is not None:
         report = entry.get("verification") or {}
-        comparison = compare(case.label, expected, actual, report.get("rtol"), report.get("atol"))
+        tolerances = report.get("rtol"), report.get("atol")
+        comparison = compare(case.label, expected, actual, *tolerances)
+        inputs = compare(case.label, (e_args, e_kwargs), (args, kwargs), *tolerances, what="input")
         result.update(max_abs_err=comparison.max_abs, max_rel_err=comparison.max_rel)
-        if comparison.problems:
-            result["error"] = "differs from eager: " + "; ".join(comparison.problems)
+        problems = comparison.problems + [f"after the call, {p}" for p in inputs.problems]
+        if problems:
+            result["error"] = "differs from eager: " + "; ".join(problems)
     return result
 
 

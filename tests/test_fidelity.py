@@ -1,0 +1,466 @@
+"""Compiled models behave as the eager ones do, on every call structure: output types, inputs they
+write into, dims that follow other dims, precompiled models over their whole range, CPU checks.
+
+One wheel (built once, with real frontends and compilers) holds a model of each kind; it is
+installed into the runtime venv, which has torch but not hatch-aoti.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, Runtime, build_no_isolation, run, write_project
+
+MODELS = """
+    import torch
+    from torch import nn
+
+
+    class Numbers(nn.Module):
+        def forward(self, x):
+            return x.sin(), x.shape[1] + 1, x.shape[0] * 2
+
+
+    class Mutates(nn.Module):
+        def forward(self, x, y):
+            x.mul_(2)
+            return x.cos() + y
+
+
+    class KeywordOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x, *, scale, **extra):
+            return {"y": self.lin(x) * scale, "z": extra["bias"] + 1}
+
+
+    class Nested(nn.Module):
+        def forward(self, xs, parts):
+            return {"sum": xs[0] + xs[1], "prod": (parts["a"] * parts["b"], parts["a"].shape[0])}
+
+
+    class Frames(nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0], -1, 320).sum(-1)
+
+
+    def numbers():
+        return Numbers()
+
+
+    def mutates():
+        return Mutates()
+
+
+    def keyword_only():
+        torch.manual_seed(0)
+        return KeywordOnly()
+
+
+    def nested():
+        return Nested()
+
+
+    def frames():
+        return Frames()
+
+
+    def convnet():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+    def frame_samples():
+        return [(torch.randn(2, 3200),), (torch.randn(2, 6400),)]
+
+
+    def keyword_samples():
+        return ((torch.randn(2, 8),), {"scale": torch.randn(2, 1), "bias": torch.randn(3)})
+
+
+    def nested_samples():
+        return (([torch.randn(3, 4), torch.randn(3, 4)], {"a": torch.randn(5), "b": torch.randn(5)}), {})
+"""
+HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.numbers]
+    factory = "fidpkg.models:numbers"
+    inputs = [{ shape = ["batch", 3] }]
+    dynamic = { batch = { min = 1, max = 16 } }
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.mutates]
+    factory = "fidpkg.models:mutates"
+    inputs = [{ shape = [4, 3] }, { shape = [4, 3] }]
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.keyword_only]
+    factory = "fidpkg.models:keyword_only"
+    example-inputs = "fidpkg.models:keyword_samples"
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.nested]
+    factory = "fidpkg.models:nested"
+    example-inputs = "fidpkg.models:nested_samples"
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.frames]
+    factory = "fidpkg.models:frames"
+    example-inputs = "fidpkg.models:frame_samples"
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.framed]
+    factory = "fidpkg.models:frames"
+    inputs = [{ shape = [2, "samples"] }]
+    dynamic = { samples = "320*frames", frames = { min = 10, max = 20 } }
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.conv]
+    backend = "precompile"
+    factory = "fidpkg.models:convnet"
+    inputs = [{ shape = ["batch", 3, 16, 16] }]
+    dynamic = { batch = { min = 1, max = 64 } }
+"""
+
+
+@pytest.fixture(scope="session")
+def fidelity_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = write_project(tmp_path_factory.mktemp("fidelity") / "proj", "fidpkg", HOOK, {"models.py": MODELS})
+    proc = build_no_isolation(root, root / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"})
+    (wheel,) = (root / "dist").glob("*.whl")
+    return wheel, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def fidelity(fidelity_wheel: tuple[Path, str], runtime: Runtime) -> Runtime:
+    runtime.pip_install(str(fidelity_wheel[0]))
+    return runtime
+
+
+def in_runtime(runtime: Runtime, code: str) -> Any:
+    """Run ``code`` after the imports every check needs; it prints one JSON document last."""
+    prelude = "import json, torch\nfrom torch.testing import assert_close\nfrom fidpkg import compiled, models\n"
+    return runtime.json(prelude + textwrap.dedent(code))
+
+
+# -- 1. Python numbers ---------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_python_numbers_come_back_as_the_eager_model_returns_them(fidelity: Runtime) -> None:
+    result = in_runtime(fidelity, """
+        model, eager = compiled.load("numbers"), models.numbers()
+        x = torch.randn(5, 3)
+        got, want = model(x), eager(x)
+        assert_close(got[0], want[0])
+        print(json.dumps({"got": [type(v).__name__ for v in got], "want": [type(v).__name__ for v in want],
+                          "values": list(got[1:]), "eager": list(want[1:])}))
+    """)
+    assert result["got"] == result["want"] == ["Tensor", "int", "int"]
+    assert result["values"] == result["eager"] == [4, 10]
+
+
+def test_verification_compares_types_and_names_the_output() -> None:
+    import torch
+
+    from hatch_aoti.verify import compare
+
+    x = torch.ones(2)
+    found = compare("example", {"logits": x, "n": 3}, {"logits": x, "n": torch.tensor(3)}, None, None)
+    assert found.problems == ["output['n']: eager 3 (int), compiled tensor(3) (Tensor)"]
+    assert compare("example", (x, 3), (x, 3), None, None).problems == []
+    assert "output[1]: eager 3 (int), compiled 3.0 (float)" in compare("e", (x, 3), (x, 3.0), None, None).problems
+
+
+# -- 2. Inputs the model writes into ---------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_inputs_are_written_as_eager_writes_them(fidelity: Runtime, fidelity_wheel: tuple[Path, str]) -> None:
+    result = in_runtime(fidelity, """
+        model, eager = compiled.load("mutates"), models.mutates()
+        out = {}
+        for layout in ("contiguous", "transposed", "inference"):
+            with torch.inference_mode(layout == "inference"):
+                x, y = torch.rand(4, 3), torch.rand(4, 3)
+                if layout == "transposed":
+                    x = x.t().contiguous().t()
+                ex, ey = x.clone(), y.clone()
+                got, want = model(x, y), eager(ex, ey)
+                assert_close(got, want)
+                assert_close(x, ex)  # the caller's own tensor, doubled
+                assert_close(y, ey)
+                out[layout] = x.is_contiguous()
+        print(json.dumps({"layouts": out, "mutated": [l.get("mutated", False) for l in compiled.info("mutates")["call"]]}))
+    """)
+    assert result == {"layouts": {"contiguous": True, "transposed": False, "inference": True}, "mutated": [True, False]}
+    assert "mutates: compiled in" in fidelity_wheel[1], "a model that writes its input builds and verifies"
+
+
+def test_verification_compares_the_inputs_after_the_call() -> None:
+    import torch
+
+    from hatch_aoti.verify import VerificationFailed, verify_model
+
+    def eager(x: Any) -> Any:
+        x.mul_(2)
+        return x.cos()
+
+    def forgets(x: Any) -> Any:  # the right output, but the input left as it was
+        return (x * 2).cos()
+
+    sample = [("example", ((torch.ones(3),), {}))]
+    report, _ = verify_model(eager, sample, eager, None, None)
+    assert report["passed"] and torch.equal(sample[0][1][0][0], torch.ones(3)), "each run writes its own copy"
+    with pytest.raises(VerificationFailed, match=r"after the call, input\[0\]\[0\]: values differ"):
+        verify_model(eager, sample, forgets, None, None)
+
+
+# -- 3. Every call structure -------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_keyword_nested_and_dict_calls_match_eager(fidelity: Runtime) -> None:
+    result = in_runtime(fidelity, """
+        kw, nested = compiled.load("keyword_only"), compiled.load("nested")
+        x, s, b = torch.randn(2, 8), torch.randn(2, 1), torch.randn(3)
+        assert_close(kw(x, scale=s, bias=b), models.keyword_only()(x, scale=s, bias=b))
+        xs, parts = [torch.randn(3, 4), torch.randn(3, 4).t().contiguous().t()], {"b": torch.randn(5), "a": torch.randn(5)}
+        got, want = nested(xs, parts), models.nested()(xs, parts)
+        assert_close(got, want)
+        errors = []
+        for call in (lambda: kw(x, scale=s), lambda: kw(x, s, bias=b), lambda: nested(tuple(xs), parts),
+                     lambda: nested(xs, {"a": parts["a"]}), lambda: nested([xs[0], xs[1][:2]], parts)):
+            try:
+                call()
+                errors.append(None)
+            except (TypeError, ValueError) as exc:
+                errors.append(type(exc).__name__)
+        print(json.dumps({"types": [type(got["prod"]).__name__, type(got["prod"][1]).__name__], "errors": errors}))
+    """)
+    assert result["types"] == ["tuple", "int"]
+    assert result["errors"] == ["TypeError", "TypeError", "TypeError", "TypeError", "ValueError"]
+
+
+def fake_model(loader: Any, inputs: Any, outputs: Any, run: Any, **leaf: Any) -> Any:
+    """The loader's call function for a model of these input and output structures (example values), whose
+    runner is ``run``: the generated code without a compiled library."""
+    import types
+
+    import torch
+    from torch.utils import _pytree as pytree
+
+    in_leaves, in_spec = pytree.tree_flatten((inputs, {}))
+    out_leaves, out_spec = pytree.tree_flatten(outputs)
+    engine = types.SimpleNamespace(
+        name="fake", device="cpu", _file="", _runner=None, _weights=None, _run=run, _pytree=pytree,
+        _tensor=torch.Tensor, _strided=torch.strided, _in_spec=in_spec, _out_spec=out_spec, _n_args=len(inputs),
+        _kwarg_names=(), _constants=[], _tensor_index=list(range(len(in_leaves))), _mutated=[], _complex=False,
+        _leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
+        _outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
+    )  # fmt: skip
+    engine._checks = [loader._tensor_check(torch, leaf) for leaf in engine._leaves]
+    for method in ("_flatten", "_reject"):
+        setattr(engine, method, types.MethodType(getattr(loader._CompiledModel, method), engine))
+    return loader._callable(engine)
+
+
+def test_generated_calls_take_any_container_of_tensors(tmp_path: Path) -> None:
+    import torch
+
+    loader = loader_module(tmp_path)
+    x = torch.ones(2)
+    model = fake_model(loader, ({1: x, "k": [x, (x,)]},), (x, (), {2: [x]}, 3), lambda flat: [flat[0], flat[1], 3 + 0 * x.sum()])
+    got = model({"k": [x, (x,)], 1: x * 2})  # keys in another order, one of them not a string
+    assert got[1:] == ((), {2: [x]}, 3) and type(got[3]) is int and torch.equal(got[0], x * 2)
+    with pytest.raises(TypeError, match="do not have the structure it was built with"):
+        model({1: x, "k": [x, [x]]})  # a list where the model takes a tuple
+    with pytest.raises(TypeError, match="must be a tensor"):
+        model({1: x, "k": [x, (3,)]})
+
+
+# -- 4. Dims that follow other dims ----------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_dims_related_by_a_rule_build_and_are_enforced(fidelity: Runtime, fidelity_wheel: tuple[Path, str]) -> None:
+    log = fidelity_wheel[1]
+    assert "frames: dims are related, as torch.export found: _dim0 in [10, 20], dim0 = 320*_dim0" in log
+    result = in_runtime(fidelity, """
+        out = {}
+        for name in ("frames", "framed"):
+            model, eager = compiled.load(name), models.frames()
+            x = torch.randn(2, 4800)
+            assert_close(model(x), eager(x))
+            try:
+                model(torch.randn(2, 4801))
+                out[name] = None
+            except ValueError as exc:
+                out[name] = str(exc)
+            out[name + " info"] = compiled.info(name)["dynamic"]
+        print(json.dumps(out))
+    """)
+    assert "with dim0 = 320*_dim0]; got float32 on cpu with shape [2, 4801]" in result["frames"]
+    assert "samples in [3200, 6400] with samples = 320*frames]" in result["framed"]
+    assert result["framed info"] == {"frames": {"min": 10, "max": 20},
+                                     "samples": {"min": 3200, "max": 6400, "rule": "320*frames"}}  # fmt: skip
+    assert result["frames info"]["dim0"] == {"min": 3200, "max": 6400, "rule": "320*_dim0"}
+
+
+def test_rules_in_the_dynamic_table_are_checked() -> None:
+    from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+
+    def problems(dynamic: dict[str, Any]) -> dict[str, str]:
+        table = {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, "samples"]}], "dynamic": dynamic}}}
+        try:
+            parse_settings(table, machine="x86_64", flags=set())
+        except ConfigError as exc:
+            return {path.removeprefix(f"{HOOK_PATH}.models.m.dynamic."): message for path, message in exc.problems}
+        return {}
+
+    assert problems({"samples": "320*frames", "frames": {"min": 10, "max": 20}}) == {}
+    assert problems({"samples": "2*samples + 1"})["samples"].endswith("not a derived one")
+    assert "names 'frames', which no input shape uses" in problems({"samples": "320*frames"})["samples"]
+    assert "must be a rule like" in problems({"samples": "frames ** 2", "frames": {}})["samples"]
+    assert "is -10 at frames = 0" in problems({"samples": "frames - 10", "frames": {}})["samples"]
+    assert problems({"samples": "frames - 10", "frames": {"min": 10}}) == {}
+    assert problems({"samples": 3})["samples"] == "must be a table or a string, not 3"
+
+
+def test_the_relations_torch_suggests_are_read_from_its_message() -> None:
+    from hatch_aoti.config import DimSpec
+    from hatch_aoti.inputs import suggested_rules
+
+    message = textwrap.dedent("""\
+        Constraints violated (samples)! ...
+        Suggested fixes:
+          _samples = Dim('_samples', min=10, max=20)
+          samples = 320*_samples
+
+        The error above occurred when calling torch.export.export.""")
+    assert suggested_rules(message, {"samples"}, {}) == {"_samples": DimSpec(10, 20), "samples": "320*_samples"}
+    assert suggested_rules(message.replace(", min=10", ""), {"samples"}, {})["_samples"] == DimSpec(2, 20), (
+        "torch leaves out a min of 2")
+    assert suggested_rules(message.replace("320*_samples", "320"), {"samples"}, {}) is None, "no static sizes"
+    narrower = message.replace("_samples = Dim('_samples'", "samples = Dim('samples'")
+    assert suggested_rules(narrower, {"samples"}, {}) is None, "narrower bounds than declared are not applied"
+    assert suggested_rules("no suggestions", {"samples"}, {}) is None
+    chained = message.replace("  _samples = Dim('_samples', min=10, max=20)\n", "").replace("_samples", "frames")
+    assert suggested_rules(chained, {"samples", "frames", "n"}, {}) == {"samples": "320*frames"}
+    assert suggested_rules(chained, {"samples", "frames", "n"}, {"frames": ("n", 2, 0)}) is None, "no rule over a rule"
+    assert suggested_rules(chained, {"samples", "frames", "n"}, {"n": ("samples", 2, 0)}) is None
+
+
+# -- 5. Precompile over the whole range ----------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_precompile_covers_its_whole_range_in_regions(fidelity: Runtime) -> None:
+    result = in_runtime(fidelity, """
+        info = compiled.info("conv")
+        model, eager = compiled.load("conv"), models.convnet().eval()
+        sizes = sorted({b for r in info["regions"] for b in r["dims"]["batch"]})
+        with torch.no_grad():
+            for batch in sizes:
+                x = torch.randn(batch, 3, 16, 16)
+                assert_close(model(x), eager(x))
+        print(json.dumps({"regions": [r["dims"]["batch"] for r in info["regions"]], "checked": sizes,
+                          "tried": [t["inputs"] for t in info["verification"]["tried"]]}))
+    """)
+    regions = result["regions"]
+    assert regions[0] == [1, 1] and regions[-1][1] == 64 and len(regions) >= 2
+    assert all(a[1] + 1 == b[0] for a, b in zip(regions, regions[1:])), "the regions cover 1-64 without gaps"
+    assert sum(t.startswith("region ") for t in result["tried"]) >= 2 * len(regions) - 1, "the build checked each edge"
+
+
+def test_a_guard_narrower_than_the_region_splits_it() -> None:
+    import torch
+
+    from hatch_aoti.backends.precompile import _small_sizes_apart, _split
+    from hatch_aoti.inputs import InputPlan
+
+    plan = InputPlan(((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}), [], None, {"batch": (1, 64)}, {},
+                     [{0: "batch"}, {0: "batch"}])  # fmt: skip
+    guard = ("Not all values of L['args'][0].size()[0] in the specified range L['args'][0].size()[0] <= 64 satisfy "
+             "the generated guard 2 <= L['args'][0].size()[0] and L['args'][0].size()[0] <= 15")  # fmt: skip
+    assert _split({"batch": [2, 64]}, RuntimeError(guard), plan) == [{"batch": [2, 15]}, {"batch": [16, 64]}]
+    kwargs = guard.replace("L['args'][0]", "L['kwargs']['mask']").replace("<= 15", "< 9")
+    assert _split({"batch": [2, 64]}, RuntimeError(kwargs), plan) == [{"batch": [2, 8]}, {"batch": [9, 64]}]
+    assert _split({"batch": [2, 64]}, RuntimeError("another failure"), plan) is None
+    assert _small_sizes_apart({"batch": [1, 64]}) == [{"batch": [1, 1]}, {"batch": [2, 64]}]
+    assert _small_sizes_apart({"batch": [0, None]}) == [{"batch": [0, 0]}, {"batch": [1, None]}]
+    assert _small_sizes_apart({"batch": [2, 64]}) is None
+
+
+# -- 6. CPU features as the CPU reports them ---------------------------------------------------------------
+
+
+def loader_module(tmp_path: Path) -> Any:
+    """The loader template over an empty manifest, imported here (its functions need no model)."""
+    import importlib.util
+
+    (tmp_path / "_aoti").mkdir()
+    (tmp_path / "_aoti" / "manifest.json").write_text(json.dumps({"models": {}}), encoding="utf-8")
+    shutil.copyfile(REPO / "templates" / "compiled.py", tmp_path / "compiled.py")
+    spec = importlib.util.spec_from_file_location("_fidelity_loader", tmp_path / "compiled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpus_own_report_wins_over_proc_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = loader_module(tmp_path)
+    monkeypatch.setattr(loader, "_host_flags", lambda: None)  # no /proc/cpuinfo: the check cannot use this host's
+    cpu = {"arch": "x86_64", "target": "native", "features": ["avx2", "avx512f", "avx512_bf16"]}
+    proc = {"avx2", "avx512f", "avx512_bf16"}
+    loader._check_cpu("m", cpu, "x86_64", proc, {"avx2": True, "avx512_f": True, "avx512_bf16": True})
+    with pytest.raises(RuntimeError, match="this CPU lacks avx512f"):  # an emulator's /proc shows the host's
+        loader._check_cpu("m", cpu, "x86_64", proc, {"avx2": True, "avx512_f": False, "avx512_bf16": True})
+    with pytest.raises(RuntimeError, match="this CPU lacks avx512_bf16"):  # CPUID says nothing: /proc decides
+        loader._check_cpu("m", cpu, "x86_64", proc - {"avx512_bf16"}, {"avx2": True, "avx512_f": True})
+    loader._check_cpu("m", cpu, "x86_64", None, {})  # nothing to ask: not refused
+
+
+QEMU = shutil.which("qemu-x86_64")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(QEMU is None or sys.platform != "linux", reason="qemu-user (apt qemu-user) is not installed")
+def test_an_emulated_older_cpu_is_refused_cleanly(fidelity_wheel: tuple[Path, str], runtime: Runtime,
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    """Under ``qemu-x86_64 -cpu Haswell`` (AVX2, no AVX-512), /proc/cpuinfo still shows the host's flags."""
+    with zipfile.ZipFile(fidelity_wheel[0]) as zf:
+        zf.extractall(tmp_path)
+    manifest_path = tmp_path / "fidpkg" / "_aoti" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest["models"]["numbers"]["cpu"]["features"] += ["avx512f", "avx512bw"]  # as a build for AVX-512 has
+    manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+    code = ("import torch\nfrom fidpkg import compiled\ntry:\n    compiled.load('numbers')\n    print('loaded')\n"
+            "except RuntimeError as exc:\n    print(exc)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    emulated = run([QEMU, "-cpu", "Haswell", str(runtime.python), "-c", code], env=env, cwd=tmp_path)
+    assert "this CPU lacks avx512f, avx512bw" in emulated.stdout, emulated.stdout + emulated.stderr
+    if "avx512f" in Path("/proc/cpuinfo").read_text(encoding="utf-8"):
+        host = run([str(runtime.python), "-c", code], env=env, cwd=tmp_path)
+        assert host.stdout.strip() == "loaded", "the host has AVX-512: the same check lets it load"
+
+
+# -- the command line, on the same wheel ---------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_wheel: tuple[Path, str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "hatch_aoti", "verify", str(fidelity_wheel[0]), "--eager",
+                           "--import-package", "--json"], capture_output=True, text=True, check=False)  # fmt: skip
+    data = json.loads(proc.stdout)
+    statuses = {name: (r["status"], r["reason"]) for name, r in data["models"].items()}
+    assert all(status == "ok" for status, _ in statuses.values()), statuses
+    assert proc.returncode == 0
+    cases = [c["inputs"] for c in data["models"]["framed"]["cases"]]
+    assert cases == ["float32[2, 3200]", "float32[2, 6400]"], "the example (frames = 10) and frames' max"
