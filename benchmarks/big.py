@@ -38,6 +38,7 @@ build-backend = "hatchling.build"
 [project]
 name = "bigpkg"
 version = "1.0"
+dependencies = ["torch==2.13.*"]
 
 [tool.hatch.build.targets.wheel.hooks.aoti.models.big]
 factory = "bigpkg.models:build"

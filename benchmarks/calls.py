@@ -90,6 +90,7 @@ build-backend = "hatchling.build"
 [project]
 name = "callbench"
 version = "1.0"
+dependencies = ["torch"]
 
 [tool.hatch.build.targets.wheel.hooks.aoti.models.positional]
 factory = "callbench.models:positional"

@@ -125,7 +125,10 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
-    return {"file": libraries[0], "sha256": sha256(target / libraries[0]), **entry}
+    from hatch_aoti.platform_tag import torch_symbols
+
+    library = target / libraries[0]
+    return {"file": libraries[0], "sha256": sha256(library), "torch_symbols": torch_symbols(library), **entry}
 
 
 def write_weights(archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], inline: dict[str, str],

@@ -11,8 +11,8 @@ import difflib
 import importlib
 import inspect
 import traceback
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from hatch_aoti.config import ModelSpec

@@ -512,7 +512,8 @@ class Table:
     loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled",
                       check=_module_name)  # fmt: skip
     torch_requirement: str | None = key(
-        "`Requires-Dist` written for torch; must allow the torch that builds the wheel",
+        "`Requires-Dist` written for torch (setuptools; with hatchling, state torch in `[project] dependencies`); "
+        "must allow the torch that builds the wheel",
         shown="`torch==X.Y.*` of the build torch", check=_torch_requirement,
     )  # fmt: skip
     cpu_target: str | None = key("default [CPU target](#portable-wheels) of the models",

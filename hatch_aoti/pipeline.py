@@ -8,6 +8,7 @@ failure raises :class:`ConfigError` or :class:`BuildFailed` with the whole story
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -177,6 +178,50 @@ def torch_requirement(settings: Settings, torch_version: str) -> str:
                             f"({torch_version}); the wheel would ask for a torch its models were not compiled "
                             "for. Change it, or the torch in `[build-system] requires`")])  # fmt: skip
     return settings.torch_requirement
+
+
+def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch_version: str, *,
+                 can_add: bool) -> str | None:  # fmt: skip
+    """The torch requirement the front end must add to the wheel's metadata, or ``None`` where the project
+    states its own in ``[project] dependencies`` (checked against the build's torch and the models' pin).
+
+    A wheel's metadata must equal what ``prepare_metadata_for_build_wheel`` gave the installer: a front
+    end that cannot add the requirement there too (``can_add=False``: hatchling runs no build hook
+    for it) has the project state it, and is told the exact line.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    declared = []
+    for text in dependencies:
+        with contextlib.suppress(InvalidRequirement):
+            if Requirement(text).name.lower() == "torch":
+                declared.append(Requirement(text))
+    if not declared:
+        if can_add:
+            return needed
+        raise BuildFailed(f"project.dependencies: state the torch the wheel needs, so that the metadata installers "
+                          f'read before building (prepare_metadata_for_build_wheel) has it too: add "{needed}" to '
+                          f'[project] dependencies, e.g. dependencies = ["{needed}"]')  # fmt: skip
+    for requirement in declared:
+        _check_declared(requirement, settings, needed, torch_version)
+    return None
+
+
+def _check_declared(requirement: Any, settings: Settings, needed: str, torch_version: str) -> None:
+    from packaging.requirements import Requirement
+
+    where = f"project.dependencies: {str(requirement)!r}"
+    if not requirement.specifier.contains(torch_version, prereleases=True):
+        raise BuildFailed(f"{where} does not allow the torch in the build environment ({torch_version}), which "
+                          "compiles the models; change it, or the torch in `[build-system] requires`")  # fmt: skip
+    exact = Requirement(needed).specifier
+    if needed != settings.torch_requirement and any(s.operator == "==" and "*" not in s.version for s in exact):
+        if str(requirement.specifier) != str(exact):
+            raise BuildFailed(f"{where} allows other torch releases, but precompiled models load only under "
+                              f'{needed}: state "{needed}"')  # fmt: skip
+    if settings.torch_requirement is not None and str(Requirement(settings.torch_requirement)) != str(requirement):
+        raise BuildFailed(f"{where} and {settings.table}.torch-requirement ({settings.torch_requirement!r}) both "
+                          "state the torch requirement; keep the one in [project] dependencies")  # fmt: skip
 
 
 def jobs_from_env() -> int:

@@ -81,6 +81,25 @@ def elf_provides(path: Path) -> tuple[str, set[str]]:
     return soname, defined
 
 
+def torch_symbols(path: Path) -> list[str]:
+    """The symbols a model's library takes from libtorch (the ``aoti_torch_*`` C shim, Sleef, ...): its
+    undefined dynamic symbols without a version, since the system libraries version theirs
+    (``GLIBC_2.34``, ``GLIBCXX_3.4.30``, ``GOMP_4.0``). The loader checks that the running torch has them."""
+    from elftools.elf.elffile import ELFFile
+
+    found = []
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        dynsym, versions = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".gnu.version")
+        for index, symbol in enumerate(dynsym.iter_symbols() if dynsym is not None else ()):
+            if not symbol.name or symbol["st_shndx"] != "SHN_UNDEF" or symbol["st_info"]["bind"] != "STB_GLOBAL":
+                continue
+            version = versions.get_symbol(index).entry["ndx"] if versions is not None else "VER_NDX_GLOBAL"
+            if version in ("VER_NDX_GLOBAL", "VER_NDX_LOCAL"):
+                found.append(symbol.name)
+    return sorted(found)
+
+
 def _sections(elf: Any, types: tuple[str, ...]) -> Iterator[Any]:
     """Only the sections of these types: building every section of ``libtorch_cpu.so``
     (its symbol hash tables above all) costs more than the rest of the tagging."""

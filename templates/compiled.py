@@ -184,6 +184,7 @@ class _CompiledModel:
 
     def _aoti(self, torch, entry):
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
+        _check_symbols(torch, self.name, entry.get("torch_symbols"))
         try:
             self._runner = _fast_runner(torch, self._file, self.device)
             self._run = self._runner.run
@@ -191,6 +192,14 @@ class _CompiledModel:
                 self._weights = _mapped_weights(torch, self.name, entry, self._runner.get_constant_names_to_original_fqns())
                 self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
             return self._runner.get_call_spec()
+        except RuntimeError as exc:  # the dynamic loader's own error, for a library made elsewhere
+            if "undefined symbol" not in str(exc):
+                raise
+            symbol = str(exc).split("undefined symbol:", 1)[-1].split()[0]
+            raise RuntimeError(
+                f"compiled model {self.name!r} was built with torch {_MANIFEST['torch']}; its library needs "
+                f"{symbol}, which this torch ({torch.__version__}) lacks"
+            ) from None
         except (AttributeError, TypeError, ImportError) as exc:
             warnings.warn(
                 f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor "
@@ -256,6 +265,27 @@ class _CompiledModel:
                         f"gave {root} = {seen[0]}; the inputs must agree on it"
                     )
         raise AssertionError("no input was rejected")
+
+
+def _check_symbols(torch, name, symbols, libraries=("libtorch_cpu.so", "libtorch_cuda.so", "libtorch.so")):
+    """Refuse, with the reason, a library that needs libtorch symbols this torch lacks (a C shim of a newer
+    torch, say): loading it would fail with the dynamic loader's bare error, or worse."""
+    import ctypes
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    handles = []
+    for library in libraries:
+        try:  # only those torch has loaded already: RTLD_NOLOAD loads nothing
+            handles.append(ctypes.CDLL(os.path.join(lib, library), mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+        except OSError:
+            continue
+    missing = [s for s in symbols or () if handles and not any(hasattr(h, s) for h in handles)]
+    if missing:
+        raise RuntimeError(
+            f"compiled model {name!r} was built with torch {_MANIFEST['torch']} and needs "
+            f"{', '.join(missing)}, which this torch ({torch.__version__}) lacks; install the torch it "
+            "was built with, or a wheel built for this one"
+        )
 
 
 def _check_cpu(name, cpu, machine=None, flags=None, cpuid=None):

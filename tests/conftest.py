@@ -147,12 +147,13 @@ BACKENDS = {
 
 def write_project(
     root: Path, name: str, hook_toml: str, files: dict[str, str], *, requires: str = "", src: bool = False,
-    frontend: str = "hatch",
+    frontend: str = "hatch", torch: str = "torch==2.13.*",
 ) -> Path:
     """A minimal project whose package ``name`` (under ``src/`` if asked) holds ``files``.
 
     ``hook_toml`` is written with the hatch table's path; a setuptools project gets the
-    same tables under ``[tool.hatch-aoti]``.
+    same tables under ``[tool.hatch-aoti]``. A hatch project states ``torch`` in its
+    dependencies (hatch-aoti requires it there); a setuptools one leaves it to hatch-aoti.
     """
     default_requires, backend = BACKENDS[frontend]
     package = root / "src" / name if src else root / name
@@ -167,6 +168,7 @@ def write_project(
             [project]
             name = "{name.replace('_', '-')}"
             version = "1.0"
+            {f'dependencies = ["{torch}"]' if frontend == "hatch" else ""}
             """
         )
         + textwrap.dedent(hook_toml).replace(TABLES["hatch"], TABLES[frontend]),
@@ -272,7 +274,8 @@ def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One wheel, four models: aoti (with kernel profiling, for the CLI tests), precompile with kwargs,
     precompile with a dynamic batch, and the third-party ``export`` backend (tests/toy_backend, found
     through its entry point)."""
-    root = write_project(tmp_path_factory.mktemp("mixed") / "proj", "mixpkg", MIXED_HOOK, {"models.py": MIXED_MODELS})
+    root = write_project(tmp_path_factory.mktemp("mixed") / "proj", "mixpkg", MIXED_HOOK, {"models.py": MIXED_MODELS},
+                         torch="torch==2.13.0")  # precompiled models load only under the torch that built them
     env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2"}
     proc = build_no_isolation(root, root / "dist", env=env)
     (wheel,) = (root / "dist").glob("*.whl")
@@ -285,3 +288,22 @@ def mixed_site(mixed_wheel: tuple[Path, str], tmp_path_factory: pytest.TempPathF
     with zipfile.ZipFile(mixed_wheel[0]) as zf:
         zf.extractall(site)
     return site
+
+
+# -- sample_project_setuptools (tests/test_setuptools.py, tests/test_torch_window.py) --------------------
+
+
+@pytest.fixture(scope="session")
+def setuptools_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_project(REPO / "sample_project_setuptools", tmp_path_factory.mktemp("st") / "sample_project_setuptools")
+
+
+@pytest.fixture(scope="session")
+def setuptools_dists(setuptools_project: Path, build_env: dict[str, str]) -> tuple[Path, Path, str]:
+    """``python -m build``: the sdist, the wheel built from it, and the build's output."""
+    out = setuptools_project / "dist"
+    proc = run([sys.executable, "-m", "build", "-o", str(out), str(setuptools_project)], env=build_env,
+               cwd=setuptools_project)  # fmt: skip
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    return sdist, wheel, proc.stdout + proc.stderr

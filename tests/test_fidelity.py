@@ -130,7 +130,8 @@ HOOK = """
 
 @pytest.fixture(scope="session")
 def fidelity_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    root = write_project(tmp_path_factory.mktemp("fidelity") / "proj", "fidpkg", HOOK, {"models.py": MODELS})
+    root = write_project(tmp_path_factory.mktemp("fidelity") / "proj", "fidpkg", HOOK, {"models.py": MODELS},
+                         torch="torch==2.13.0")  # the precompiled model's exact pin, stated by the project
     proc = build_no_isolation(root, root / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"})
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel, proc.stderr
@@ -464,3 +465,48 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
     assert proc.returncode == 0
     cases = [c["inputs"] for c in data["models"]["framed"]["cases"]]
     assert cases == ["float32[2, 3200]", "float32[2, 6400]"], "the example (frames = 10) and frames' max"
+
+
+# -- a library that needs what the running torch lacks -------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler to make the library")
+def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_wheel: tuple[Path, str],
+                                                                      runtime: Runtime, tmp_path: Path) -> None:  # fmt: skip
+    from hatch_aoti.platform_tag import torch_symbols
+
+    source = tmp_path / "needs.c"
+    source.write_text("void aoti_torch_hatch_aoti_missing_v9(void);\nint run(void) { aoti_torch_hatch_aoti_missing_v9(); "
+                      "return 0; }\n", encoding="utf-8")  # fmt: skip
+    library = tmp_path / "needs.so"
+    run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)])
+    assert torch_symbols(library) == ["aoti_torch_hatch_aoti_missing_v9"], "recorded from its ELF dynamic symbols"
+    site = tmp_path / "site"
+    with zipfile.ZipFile(fidelity_wheel[0]) as zf:
+        zf.extractall(site)
+    manifest_path = site / "fidpkg" / "_aoti" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    entry = manifest["models"]["numbers"]
+    assert "aoti_torch_empty_strided" in entry["torch_symbols"], "what a real library takes from libtorch"
+    shutil.copyfile(library, site / "fidpkg" / "_aoti" / "numbers" / entry["file"])
+    code = ("from fidpkg import compiled\ntry:\n    compiled.load('numbers')\nexcept RuntimeError as exc:\n"
+            "    print(exc)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for recorded in (True, False):  # checked before loading; a manifest without the record: the loader's error
+        entry["torch_symbols"] = torch_symbols(library) if recorded else []
+        manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+        proc = run([str(runtime.python), "-c", code], env=env, cwd=tmp_path)
+        assert "compiled model 'numbers' was built with torch 2.13.0" in proc.stdout, proc.stdout + proc.stderr
+        assert "aoti_torch_hatch_aoti_missing_v9, which this torch (2.13.0" in proc.stdout
+        assert "Traceback" not in proc.stderr
+
+
+# -- the torch requirement: the prepared metadata is the wheel's ---------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_declared_torch_is_the_only_one(fidelity_wheel: tuple[Path, str]) -> None:
+    from test_torch_window import requires_dist, wheel_metadata
+
+    assert requires_dist(wheel_metadata(fidelity_wheel[0])) == ["torch==2.13.0"], "none added beside it"

@@ -10,25 +10,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Runtime, copy_project, run, write_project
+from conftest import Runtime, run, write_project
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def setuptools_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_project(REPO / "sample_project_setuptools", tmp_path_factory.mktemp("st") / "sample_project_setuptools")
-
-
-@pytest.fixture(scope="session")
-def setuptools_dists(setuptools_project: Path, build_env: dict[str, str]) -> tuple[Path, Path, str]:
-    """``python -m build``: the sdist, the wheel built from it, and the build's output."""
-    out = setuptools_project / "dist"
-    proc = run([sys.executable, "-m", "build", "-o", str(out), str(setuptools_project)], env=build_env,
-               cwd=setuptools_project)  # fmt: skip
-    (sdist,) = out.glob("*.tar.gz")
-    (wheel,) = out.glob("*.whl")
-    return sdist, wheel, proc.stdout + proc.stderr
 
 
 def package_files(wheel: Path) -> dict[str, bytes]:

@@ -68,12 +68,15 @@ class AotiBuildHook(BuildHookInterface):
         from hatch_aoti import pipeline
 
         settings = hook_settings(self.config)
+        torch_version = pipeline.build_torch_version()
+        needed = pipeline.wheel_pins(settings, torch_version).torch
+        # hatchling's prepare_metadata_for_build_wheel runs no build hook: the project states torch itself.
+        pipeline.torch_to_add(list(self.metadata.core.dependencies), settings, needed, torch_version, can_add=False)
         package, source_root = self._find_package(settings)
         self._stage = pipeline.open_stage(Path(self.root))
         report = pipeline.Reporter(self.app.display_info, self.app.display_success, self.app.display_warning)
         project = pipeline.Project(Path(self.root), list(dict.fromkeys([str(source_root), self.root])), package)
         staged = pipeline.build(settings, project, self._stage.path, report, editable=version == "editable")
-        build_data["dependencies"].append(staged.torch_requirement)
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged.package)
             return

@@ -69,14 +69,15 @@ def settings_of(dist: Any) -> Any:
 def _require_torch(dist: Any) -> None:
     """Add the torch the models were compiled for to the wheel's ``Requires-Dist``."""
     from hatch_aoti.config import ConfigError
-    from hatch_aoti.pipeline import BuildFailed, build_torch_version, wheel_pins
+    from hatch_aoti.pipeline import BuildFailed, build_torch_version, torch_to_add, wheel_pins
 
+    requires = list(dist.install_requires or ())
     try:
-        requirement = wheel_pins(settings_of(dist), build_torch_version()).torch
+        settings, version = settings_of(dist), build_torch_version()
+        requirement = torch_to_add(requires, settings, wheel_pins(settings, version).torch, version, can_add=True)
     except (ConfigError, BuildFailed) as exc:
         raise SetupError(f"hatch-aoti: {exc}") from None
-    requires = list(dist.install_requires or ())
-    if requirement not in requires:
+    if requirement is not None and requirement not in requires:
         dist.install_requires = dist.metadata.install_requires = [*requires, requirement]
 
 
