@@ -192,14 +192,17 @@ class _CompiledModel:
                 self._weights = _mapped_weights(torch, self.name, entry, self._runner.get_constant_names_to_original_fqns())
                 self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
             return self._runner.get_call_spec()
-        except RuntimeError as exc:  # the dynamic loader's own error, for a library made elsewhere
-            if "undefined symbol" not in str(exc):
-                raise
-            symbol = str(exc).split("undefined symbol:", 1)[-1].split()[0]
-            raise RuntimeError(
-                f"compiled model {self.name!r} was built with torch {_MANIFEST['torch']}; its library needs "
-                f"{symbol}, which this torch ({torch.__version__}) lacks"
-            ) from None
+        except RuntimeError as exc:  # the dynamic loader's or torch's own words, for a library made elsewhere
+            built, text = _MANIFEST["torch"], str(exc)
+            symbol = text.split("undefined symbol:", 1)[-1].split()[0] if "undefined symbol" in text else ""
+            if symbol.startswith("AOTInductorModelContainer"):  # what torch looks up in the library
+                why = (f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: a model "
+                       "container it does not know")
+            elif symbol:
+                why = f"its library needs {symbol}, which this torch ({torch.__version__}) lacks"
+            else:
+                why = f"this torch ({torch.__version__}) cannot load its library: {text.strip().splitlines()[0]}"
+            raise RuntimeError(f"compiled model {self.name!r} was built with torch {built}; {why}") from None
         except (AttributeError, TypeError, ImportError) as exc:
             warnings.warn(
                 f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor "

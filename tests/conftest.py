@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import venv
 import zipfile
@@ -32,6 +33,37 @@ def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.Completed
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+#: The other torch release the index here serves (the CUDA build, about 3.8 GB with its nvidia-* wheels).
+TORCH_NEXT = os.environ.get("HATCH_AOTI_TEST_TORCH_NEXT", "2.14.1")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start installing the other torch as soon as a test that needs it is collected: it takes
+    minutes, mostly unpacking, and runs beside the builds of the tests before it."""
+    if any("torch_next_envs" in getattr(item, "fixturenames", ()) for item in session.items):
+        root = Path(tempfile.mkdtemp(prefix="hatch-aoti-torch-next-"))
+        env = root / f"torch-{TORCH_NEXT}"  # the layout `hatch-aoti verify --envs` uses again
+        script = (f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
+                  f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
+                  f"'torch=={TORCH_NEXT}']))")  # fmt: skip
+        log = (root / "install.log").open("w")
+        session.config.torch_next = (root, subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log))
+
+
+@pytest.fixture(scope="session")
+def torch_next_envs(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory holding ``torch-<TORCH_NEXT>/``, a venv with that torch (and nothing of ours)."""
+    root, proc = request.config.torch_next
+    try:
+        status = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert status == 0, (root / "install.log").read_text(encoding="utf-8")[-4000:]
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 #: Every build in the session shares it, so that any two wheels of the same sources can be compared.

@@ -500,6 +500,12 @@ def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_w
         assert "compiled model 'numbers' was built with torch 2.13.0" in proc.stdout, proc.stdout + proc.stderr
         assert "aoti_torch_hatch_aoti_missing_v9, which this torch (2.13.0" in proc.stdout
         assert "Traceback" not in proc.stderr
+    source.write_text("int run(void) { return 0; }\n", encoding="utf-8")  # loads, but is no model container
+    run(["gcc", "-shared", "-fPIC", "-o", str(site / "fidpkg" / "_aoti" / "numbers" / entry["file"]), str(source)])
+    proc = run([str(runtime.python), "-c", code], env=env, cwd=tmp_path)
+    assert "compiled model 'numbers' was built with torch 2.13.0" in proc.stdout, proc.stdout + proc.stderr
+    assert "calls AOTInductorModelContainerCreateWithDevice, which the library lacks: a model container it does " \
+        "not know" in proc.stdout and "Traceback" not in proc.stderr
 
 
 # -- the torch requirement: the prepared metadata is the wheel's ---------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -36,7 +38,8 @@ def test_the_prepared_metadata_is_the_wheels(frontend: str, sample_dists: tuple[
     prepared = caller.prepare_metadata_for_build_wheel(str(tmp_path / "prepared"))
     metadata = (tmp_path / "prepared" / prepared / "METADATA").read_text(encoding="utf-8")
     wheel = (sample_dists if frontend == "hatch" else setuptools_dists)[1]
-    assert requires_dist(metadata) == requires_dist(wheel_metadata(wheel)) and "torch==2.13.*" in requires_dist(metadata)
+    torch = {"hatch": "torch==2.13.*", "setuptools": "torch<2.15,>=2.13"}[frontend]
+    assert requires_dist(metadata) == requires_dist(wheel_metadata(wheel)) == [torch]
 
 
 def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
@@ -59,3 +62,91 @@ def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     assert torch_to_add(["torch>=2.13,<2.15"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False) is None
     with pytest.raises(BuildFailed, match="both state the torch requirement"):
         torch_to_add(["torch>=2.13"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False)
+
+
+# -- one wheel, two torch releases ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def verified_next(setuptools_dists: tuple[Path, Path, str], torch_next_envs: Path) -> tuple[dict, str]:
+    """``hatch-aoti verify WHEEL --torch <next>`` on sample_project_setuptools' wheel (built with torch 2.13,
+    ``torch-requirement = "torch>=2.13,<2.15"``), in the environment the session installed beforehand."""
+    from conftest import TORCH_NEXT
+
+    wheel = setuptools_dists[1]
+    command = [sys.executable, "-m", "hatch_aoti", "verify", str(wheel), "--torch", TORCH_NEXT, "--envs",
+               str(torch_next_envs)]  # fmt: skip
+    data = subprocess.run([*command, "--json"], capture_output=True, text=True, check=False)
+    text = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert data.returncode == text.returncode == 0, data.stdout + data.stderr
+    return json.loads(data.stdout), text.stdout
+
+
+@pytest.mark.integration
+def test_verify_on_another_torch_says_the_window(verified_next: tuple[dict, str]) -> None:
+    from conftest import TORCH_NEXT
+
+    data, text = verified_next
+    found = data["versions"][TORCH_NEXT]
+    assert found["torch"].startswith(TORCH_NEXT) and data["built_with"].startswith("2.13.")
+    assert {name: model["status"] for name, model in found["models"].items()} == {"mlp": "pass", "classifier": "pass"}
+    assert data["passed"] is True and data["requirement"] == "torch>=2.13,<2.15"
+    assert "the narrowest torch-requirement these releases support: 'torch>=2.13,<2.15'" in text
+    assert f"torch {TORCH_NEXT}" in text and "pass" in text
+
+
+@pytest.mark.integration
+def test_the_wheel_installs_beside_the_next_torch_untouched(verified_next: tuple[dict, str], setuptools_dists: tuple[Path, Path, str],
+                                                            torch_next_envs: Path, tmp_path: Path) -> None:  # fmt: skip
+    from conftest import TORCH_NEXT, run, venv_with_torch
+
+    python = venv_with_torch(torch_next_envs / f"torch-{TORCH_NEXT}", tmp_path / "next")
+    run([str(python), "-m", "pip", "uninstall", "-y", "-q", "sample-models"])  # what verify installed there
+    proc = run([str(python), "-m", "pip", "install", str(setuptools_dists[1])])
+    assert "Requirement already satisfied: torch" in proc.stdout, proc.stdout
+    assert "Successfully installed sample-models-0.1.0" in proc.stdout and "torch-" not in proc.stdout.split(
+        "Successfully installed")[-1], "pip installed the wheel and nothing else"
+    code = """
+import json, torch
+from torch.testing import assert_close
+from sample_models import compiled, models
+with torch.inference_mode():
+    x = torch.randn(4, 128)
+    assert_close(compiled.load("mlp")(x), models.build_mlp()(x))
+    for batch in (1, 7, 64):
+        x = torch.rand(batch, 3, 16, 16)
+        assert_close(compiled.load("classifier")(x), models.build_classifier()(x))
+print(json.dumps(torch.__version__))
+"""
+    result = run([str(python), "-c", code], cwd=tmp_path)
+    assert json.loads(result.stdout.strip().splitlines()[-1]).startswith(TORCH_NEXT)
+
+
+def test_the_narrowest_requirement_covers_the_passing_releases() -> None:
+    from hatch_aoti.cli.window import narrowest
+
+    assert narrowest(["2.13.0+cpu", "2.14.1"]) == "torch>=2.13,<2.15"
+    assert narrowest(["2.13.0+cpu"]) == "torch==2.13.*"
+    assert narrowest(["2.13.0", "2.15.0", "2.14.2"]) == "torch>=2.13,<2.16"
+    assert narrowest(["?"]) == ""
+
+
+@pytest.mark.integration
+def test_a_torch_that_cannot_be_installed_fails_the_check(setuptools_dists: tuple[Path, Path, str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "hatch_aoti", "verify", str(setuptools_dists[1]), "--torch", "0.0.1",
+                           "--json"], capture_output=True, text=True, check=False)  # fmt: skip
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 1 and data["passed"] is False, proc.stdout + proc.stderr
+    assert data["versions"]["0.0.1"]["error"].startswith("could not install"), data
+
+
+def test_only_a_wheel_can_be_tried_on_other_releases() -> None:
+    import types
+
+    from hatch_aoti.cli import window
+    from hatch_aoti.cli.output import Output
+    from hatch_aoti.cli.target import CliError
+
+    installed = types.SimpleNamespace(kind="installed", where="sample_models")
+    with pytest.raises(CliError, match="give a wheel file, not sample_models"):
+        window.run(installed, Output(True), ["2.14.1"], None)  # type: ignore[arg-type]

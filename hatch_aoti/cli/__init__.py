@@ -41,6 +41,11 @@ def parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", parents=[common, package_code], help="check files, then load and run every model here")
     verify.add_argument("target", help=TARGET_HELP)
     verify.add_argument("--eager", action="store_true", help="also compare with the eager model (imports the package)")
+    verify.add_argument("--torch", action="append", default=[], metavar="VERSION",
+                        help="instead, install the wheel beside this torch in an environment of its own and compare "
+                             "every model with eager there; repeatable")  # fmt: skip
+    verify.add_argument("--envs", type=Path, metavar="DIR",
+                        help="with --torch: keep each environment in DIR/torch-VERSION and use it again")
 
     bench = commands.add_parser("bench", parents=[common, package_code], help="per-call latency and cold start")
     bench.add_argument("target", help=TARGET_HELP)
@@ -145,6 +150,10 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
     with open_target(args.target, extract=args.command != "inspect") as target:
         if args.command == "inspect":
             return inspect.run(target, out)
+        if args.command == "verify" and args.torch:
+            from hatch_aoti.cli import window
+
+            return window.run(target, out, args.torch, args.envs)
         if args.command == "verify":
             return verify.run(target, out, package_code, args.eager)
         if args.command == "bench":

@@ -122,3 +122,38 @@ def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
                      for d in leaf["shape"]]  # fmt: skip
             parts.append(f"{leaf['dtype']}[{', '.join(shape)}]")
     return ", ".join(parts)
+
+
+def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict[str, Any]:
+    """One case: the compiled model on inputs made for it, and, given the eager module, both compared
+    (outputs, and the inputs after the call: each runs on its own copy)."""
+    import torch
+
+    from hatch_aoti.verify import compare, copied
+
+    result: dict[str, Any] = {"case": case.label, "inputs": describe(entry, case.sizes)}
+    sample = make_inputs(entry, case.sizes, in_spec(entry, model))
+    (args, kwargs), (e_args, e_kwargs) = sample, copied(sample)  # each run its own inputs: a model may write them
+    with torch.no_grad():
+        try:
+            actual = model(*args, **kwargs)
+            expected = module(*e_args, **e_kwargs) if module is not None else None
+        except Exception as exc:  # noqa: BLE001 - reported per case
+            result["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+            return result
+    if module is not None:
+        report = entry.get("verification") or {}
+        tolerances = report.get("rtol"), report.get("atol")
+        comparison = compare(case.label, expected, actual, *tolerances)
+        inputs = compare(case.label, (e_args, e_kwargs), (args, kwargs), *tolerances, what="input")
+        result.update(max_abs_err=comparison.max_abs, max_rel_err=comparison.max_rel)
+        problems = comparison.problems + [f"after the call, {p}" for p in inputs.problems]
+        if problems:
+            result["error"] = "differs from eager: " + "; ".join(problems)
+    return result
+
+
+def first_line(message: object) -> str:
+    """An error's first line: each model's result is one line."""
+    text = str(message).strip()
+    return text.splitlines()[0] if text else ""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hatch_aoti.cli import machine
+from hatch_aoti.cli.calls import first_line
 from hatch_aoti.cli.target import Target
 
 
@@ -47,9 +48,3 @@ def eager(target: Target, name: str) -> Any:
         return resolve(factory)().to(entry["device"]).eval()
     except Exception as exc:  # noqa: BLE001
         raise Unavailable(f"cannot build the eager model with {factory}: {first_line(short_exception(exc))}") from None
-
-
-def first_line(message: object) -> str:
-    """An error's first line: each model's result is one line."""
-    text = str(message).strip()
-    return text.splitlines()[0] if text else ""

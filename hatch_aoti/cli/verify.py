@@ -40,37 +40,10 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
     except models.Unavailable as exc:
         return {"status": "skipped" if exc.skipped else "failed", "reason": str(exc), "cases": []}
     entry = target.model(name)
-    tried = [run_case(entry, model, module, case) for case in calls.cases(entry)]
+    tried = [calls.run_case(entry, model, module, case) for case in calls.cases(entry)]
     bad = [c for c in tried if "error" in c]
     reason = f"{bad[0]['case']}: {bad[0]['error']}" if bad else ""
     return {"status": "failed" if bad else "ok", "reason": reason, "cases": tried}
-
-
-def run_case(entry: dict[str, Any], model: Any, module: Any, case: calls.Case) -> dict[str, Any]:
-    import torch
-
-    from hatch_aoti.verify import compare, copied
-
-    result: dict[str, Any] = {"case": case.label, "inputs": calls.describe(entry, case.sizes)}
-    sample = calls.make_inputs(entry, case.sizes, calls.in_spec(entry, model))
-    (args, kwargs), (e_args, e_kwargs) = sample, copied(sample)  # each run its own inputs: a model may write them
-    with torch.no_grad():
-        try:
-            actual = model(*args, **kwargs)
-            expected = module(*e_args, **e_kwargs) if module is not None else None
-        except Exception as exc:  # noqa: BLE001 - reported per case
-            result["error"] = f"{type(exc).__name__}: {models.first_line(exc)}"
-            return result
-    if module is not None:
-        report = entry.get("verification") or {}
-        tolerances = report.get("rtol"), report.get("atol")
-        comparison = compare(case.label, expected, actual, *tolerances)
-        inputs = compare(case.label, (e_args, e_kwargs), (args, kwargs), *tolerances, what="input")
-        result.update(max_abs_err=comparison.max_abs, max_rel_err=comparison.max_rel)
-        problems = comparison.problems + [f"after the call, {p}" for p in inputs.problems]
-        if problems:
-            result["error"] = "differs from eager: " + "; ".join(problems)
-    return result
 
 
 def show(data: dict[str, Any], out: Output) -> None:

@@ -1,0 +1,161 @@
+"""``hatch-aoti verify WHEEL --torch VERSION``: the wheel's models against eager under other torch releases.
+
+Each release gets an environment of its own, made with uv where it is on PATH and else with
+venv and pip, each with the user's own index settings: that torch, then the wheel without its
+dependencies, then its other requirements. There a worker (``window_worker.py``: torch and
+hatch-aoti's pure-Python modules, nothing installed) loads every model and runs it against
+eager on the inputs ``hatch-aoti verify --eager`` uses. The result is a table, release by
+model, and the narrowest ``torch-requirement`` the passing releases support.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.cli.output import Output
+from hatch_aoti.cli.target import CliError, Target
+
+def run(target: Target, out: Output, versions: list[str], envs: Path | None) -> int:
+    if target.kind != "wheel":
+        raise CliError(f"--torch installs the wheel into environments of its own: give a wheel file, not {target.where}")
+    built = str(target.manifest.get("torch", "?"))
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="hatch-aoti-window-") as tmp:
+        root = envs or Path(tmp)
+        for version in versions:
+            out.line(f"torch {version}: preparing an environment ({'uv' if shutil.which('uv') else 'venv and pip'})",
+                     style="dim")  # fmt: skip
+            results[version] = one_release(target, version, root / f"torch-{version}", Path(tmp))
+    passing = [v for v, r in results.items() if "error" not in r and all(
+        m["status"] in ("pass", "skipped") for m in r["models"].values())]  # fmt: skip
+    data = {"target": target.where, "built_with": built, "versions": results,
+            "passed": len(passing) == len(results), "requirement": narrowest([built, *passing])}  # fmt: skip
+    out.data(data)
+    if not out.json:
+        show(data, out)
+    return 0 if data["passed"] else 1
+
+
+def one_release(target: Target, version: str, where: Path, tmp: Path) -> dict[str, Any]:
+    """The worker's report from an environment with this torch, or the error that stopped it."""
+    try:
+        python = environment(version, where)
+        install(python, ["--no-deps", target.where], reinstall=True)  # a kept environment may hold an older build
+        others = [r for r in target.dist.requires if not _is_torch(r)]
+        if others:
+            install(python, others)
+    except subprocess.CalledProcessError as exc:
+        return {"error": f"could not install: {' '.join(map(str, exc.cmd[-3:]))}: {_last_line(exc.stderr)}"}
+    return worker(python, target, tmp)
+
+
+def environment(version: str, where: Path) -> Path:
+    """A venv at ``where`` with ``torch==version``; one already there with that torch is used again."""
+    python = where / "bin" / "python"
+    if python.exists() and _torch_in(python) == version:
+        return python
+    shutil.rmtree(where, ignore_errors=True)
+    uv = shutil.which("uv")
+    if uv:
+        _run([uv, "venv", "--quiet", "--python", sys.executable, str(where)])
+    else:
+        venv.EnvBuilder(with_pip=True).create(where)
+    install(python, [f"torch=={version}"])
+    return python
+
+
+def install(python: Path, args: list[str], reinstall: bool = False) -> None:
+    uv = shutil.which("uv")
+    if uv:
+        _run([uv, "pip", "install", "--quiet", "--python", str(python), *(["--reinstall"] if reinstall else []), *args])
+    else:
+        _run([str(python), "-m", "pip", "install", "--quiet", *(["--force-reinstall"] if reinstall else []), *args])
+
+
+def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
+    """Run ``window_worker`` there, with hatch-aoti's own modules on its path and nothing else of ours."""
+    import hatch_aoti
+
+    path = tmp / "hatch-aoti-modules"
+    if not path.exists():
+        path.mkdir()
+        (path / "hatch_aoti").symlink_to(Path(hatch_aoti.__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    proc = subprocess.run([str(python), "-m", "hatch_aoti.cli.window_worker", target.package, target.loader_name],
+                          capture_output=True, text=True, env=env, cwd=tmp, check=False)  # fmt: skip
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": f"the check crashed (exit status {proc.returncode}): {_last_line(proc.stderr)}"}
+
+
+def narrowest(versions: list[str]) -> str:
+    """The narrowest torch requirement that allows every release series in ``versions``."""
+    from packaging.version import InvalidVersion, Version
+
+    series = set()
+    for text in versions:
+        try:
+            series.add(Version(text).release[:2])
+        except InvalidVersion:
+            continue
+    if not series:
+        return ""
+    low, high = min(series), max(series)
+    if low == high:
+        return f"torch=={low[0]}.{low[1]}.*"
+    return f"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
+
+
+def show(data: dict[str, Any], out: Output) -> None:
+    versions = data["versions"]
+    names = sorted({name for r in versions.values() for name in r.get("models", {})})
+    rows = []
+    for name in names:
+        row = [name]
+        for result in versions.values():
+            model = result.get("models", {}).get(name)
+            row.append(_cell(model) if model else result.get("error", "?"))
+        rows.append(row)
+    for version, result in versions.items():
+        if "error" in result:
+            out.line(f"FAILED  torch {version}: {result['error']}", style="red")
+    out.table(["model", *(f"torch {v}" for v in versions)], rows, title=f"built with torch {data['built_with']}")
+    verdict = "passed" if data["passed"] else "FAILED"
+    out.line(f"{verdict}: the narrowest torch-requirement these releases support: {data['requirement']!r}")
+
+
+def _cell(model: dict[str, Any]) -> str:
+    return model["status"] if model["status"] in ("pass", "skipped") else f"{model['status']}: {model['reason']}"
+
+
+def _torch_in(python: Path) -> str | None:
+    code = "import importlib.metadata as m; print(m.version('torch'))"
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    return proc.stdout.strip().split("+")[0] if proc.returncode == 0 else None
+
+
+def _is_torch(requirement: str) -> bool:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        return Requirement(requirement).name.lower() == "torch"
+    except InvalidRequirement:
+        return False
+
+
+def _run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

@@ -1,0 +1,48 @@
+"""Run by ``hatch-aoti verify --torch`` in an environment made for one torch release (torch and the wheel,
+with hatch-aoti's own modules on the path): every model of the installed package against eager.
+
+Prints one JSON document: the torch found, and each model's status (``pass``, ``mismatch``,
+``fails to load``, ``skipped``) with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import sys
+from typing import Any
+
+PRECOMPILED = "precompiled models load only under the exact torch and Python that built them: not tried"
+
+
+def check(loader: Any, name: str) -> dict[str, Any]:
+    from hatch_aoti.cli import calls
+
+    entry = loader.info(name)
+    if entry.get("backend") == "precompile":
+        return {"status": "skipped", "reason": PRECOMPILED}
+    try:
+        model = loader.load(name)
+    except Exception as exc:  # noqa: BLE001 - the loader's refusal is the reason
+        return {"status": "fails to load", "reason": f"{type(exc).__name__}: {calls.first_line(exc)}"}
+    try:
+        module = pkgutil.resolve_name(entry["factory"])().to(entry["device"]).eval()
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "fails", "reason": f"the eager model: {type(exc).__name__}: {calls.first_line(exc)}"}
+    cases = [calls.run_case(entry, model, module, case) for case in calls.cases(entry)]
+    bad = [c for c in cases if "error" in c]
+    return {"status": "mismatch" if bad else "pass", "reason": f"{bad[0]['case']}: {bad[0]['error']}" if bad else "",
+            "cases": cases}  # fmt: skip
+
+
+def main(package: str, loader_name: str) -> None:
+    import torch
+
+    loader = importlib.import_module(f"{package}.{loader_name}")
+    models = {name: check(loader, name) for name in loader.names()}
+    print(json.dumps({"torch": torch.__version__, "models": models}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
