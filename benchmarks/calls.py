@@ -90,7 +90,7 @@ build-backend = "hatchling.build"
 [project]
 name = "callbench"
 version = "1.0"
-dependencies = ["torch"]
+dependencies = ["{torch}"]
 
 [tool.hatch.build.targets.wheel.hooks.aoti.models.positional]
 factory = "callbench.models:positional"
@@ -116,7 +116,11 @@ def build(root: Path) -> Path:
     (project / "callbench").mkdir(parents=True)
     (project / "callbench" / "__init__.py").write_text("", encoding="utf-8")
     (project / "callbench" / "models.py").write_text(MODELS, encoding="utf-8")
-    (project / "pyproject.toml").write_text(textwrap.dedent(HOOK), encoding="utf-8")
+    from importlib.metadata import version
+
+    series = ".".join(version("torch").split(".")[:2])
+    (project / "pyproject.toml").write_text(textwrap.dedent(HOOK).replace("{torch}", f"torch=={series}.*"),
+                                            encoding="utf-8")  # fmt: skip
     built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"),
                             str(project)], capture_output=True, text=True, check=False)  # fmt: skip
     if built.returncode:

@@ -194,8 +194,9 @@ def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch
     declared = []
     for text in dependencies:
         with contextlib.suppress(InvalidRequirement):
-            if Requirement(text).name.lower() == "torch":
-                declared.append(Requirement(text))
+            requirement = Requirement(text)
+            if requirement.name.lower() == "torch" and (requirement.marker is None or requirement.marker.evaluate()):
+                declared.append(requirement)
     if not declared:
         if can_add:
             return needed
@@ -210,16 +211,25 @@ def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch
 def _check_declared(requirement: Any, settings: Settings, needed: str, torch_version: str) -> None:
     from packaging.requirements import Requirement
 
+    from packaging.version import Version
+
     where = f"project.dependencies: {str(requirement)!r}"
     if not requirement.specifier.contains(torch_version, prereleases=True):
         raise BuildFailed(f"{where} does not allow the torch in the build environment ({torch_version}), which "
                           "compiles the models; change it, or the torch in `[build-system] requires`")  # fmt: skip
-    exact = Requirement(needed).specifier
-    if needed != settings.torch_requirement and any(s.operator == "==" and "*" not in s.version for s in exact):
-        if str(requirement.specifier) != str(exact):
+    if requirement.specifier.contains("999", prereleases=True):
+        raise BuildFailed(f"{where} allows every later torch, but compiled models load only on the releases they "
+                          f'were built for or verified with: state "{needed}" (the build\'s), or a window such as '
+                          f'"torch>={Version(torch_version).major}.{Version(torch_version).minor},<..." checked with '
+                          "`hatch-aoti verify WHEEL --torch VERSION`")  # fmt: skip
+    exact = [s for s in Requirement(needed).specifier if s.operator in ("==", "===") and "*" not in s.version]
+    if needed != settings.torch_requirement and exact:
+        pinned = [s for s in requirement.specifier if s.operator in ("==", "===") and "*" not in s.version]
+        if not pinned or Version(pinned[0].version) != Version(exact[0].version):
             raise BuildFailed(f"{where} allows other torch releases, but precompiled models load only under "
                               f'{needed}: state "{needed}"')  # fmt: skip
-    if settings.torch_requirement is not None and str(Requirement(settings.torch_requirement)) != str(requirement):
+    user = Requirement(settings.torch_requirement) if settings.torch_requirement is not None else None
+    if user is not None and (user.specifier, user.marker) != (requirement.specifier, requirement.marker):
         raise BuildFailed(f"{where} and {settings.table}.torch-requirement ({settings.torch_requirement!r}) both "
                           "state the torch requirement; keep the one in [project] dependencies")  # fmt: skip
 

@@ -81,10 +81,15 @@ def elf_provides(path: Path) -> tuple[str, set[str]]:
     return soname, defined
 
 
+#: What a model's library takes from libtorch by name: its C shim (versioned by suffix, ``_v2``) and Sleef.
+#: Other unversioned symbols (the CUDA driver's, which torch opens at run time) are not libtorch's to check.
+TORCH_SYMBOL_PREFIXES = ("aoti_torch_", "Sleef_")
+
+
 def torch_symbols(path: Path) -> list[str]:
-    """The symbols a model's library takes from libtorch (the ``aoti_torch_*`` C shim, Sleef, ...): its
-    undefined dynamic symbols without a version, since the system libraries version theirs
-    (``GLIBC_2.34``, ``GLIBCXX_3.4.30``, ``GOMP_4.0``). The loader checks that the running torch has them."""
+    """The symbols a model's library takes from libtorch: its undefined dynamic symbols without a
+    version (the system libraries version theirs: ``GLIBC_2.34``, ``GOMP_4.0``) of libtorch's C shim
+    and Sleef. The loader checks that the running torch has them."""
     from elftools.elf.elffile import ELFFile
 
     found = []
@@ -95,7 +100,7 @@ def torch_symbols(path: Path) -> list[str]:
             if not symbol.name or symbol["st_shndx"] != "SHN_UNDEF" or symbol["st_info"]["bind"] != "STB_GLOBAL":
                 continue
             version = versions.get_symbol(index).entry["ndx"] if versions is not None else "VER_NDX_GLOBAL"
-            if version in ("VER_NDX_GLOBAL", "VER_NDX_LOCAL"):
+            if version in ("VER_NDX_GLOBAL", "VER_NDX_LOCAL") and symbol.name.startswith(TORCH_SYMBOL_PREFIXES):
                 found.append(symbol.name)
     return sorted(found)
 

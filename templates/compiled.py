@@ -186,23 +186,12 @@ class _CompiledModel:
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
         _check_symbols(torch, self.name, entry.get("torch_symbols"))
         try:
-            self._runner = _fast_runner(torch, self._file, self.device)
+            self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
             if "weights" in entry:
                 self._weights = _mapped_weights(torch, self.name, entry, self._runner.get_constant_names_to_original_fqns())
                 self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
             return self._runner.get_call_spec()
-        except RuntimeError as exc:  # the dynamic loader's or torch's own words, for a library made elsewhere
-            built, text = _MANIFEST["torch"], str(exc)
-            symbol = text.split("undefined symbol:", 1)[-1].split()[0] if "undefined symbol" in text else ""
-            if symbol.startswith("AOTInductorModelContainer"):  # what torch looks up in the library
-                why = (f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: a model "
-                       "container it does not know")
-            elif symbol:
-                why = f"its library needs {symbol}, which this torch ({torch.__version__}) lacks"
-            else:
-                why = f"this torch ({torch.__version__}) cannot load its library: {text.strip().splitlines()[0]}"
-            raise RuntimeError(f"compiled model {self.name!r} was built with torch {built}; {why}") from None
         except (AttributeError, TypeError, ImportError) as exc:
             warnings.warn(
                 f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor "
@@ -279,7 +268,7 @@ def _check_symbols(torch, name, symbols, libraries=("libtorch_cpu.so", "libtorch
     handles = []
     for library in libraries:
         try:  # only those torch has loaded already: RTLD_NOLOAD loads nothing
-            handles.append(ctypes.CDLL(os.path.join(lib, library), mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+            handles.append(ctypes.CDLL(os.path.join(lib, library), mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY))
         except OSError:
             continue
     missing = [s for s in symbols or () if handles and not any(hasattr(h, s) for h in handles)]
@@ -760,6 +749,22 @@ def _rule(dim):
 def _children(spec):
     children = getattr(spec, "children", None)
     return list(children()) if callable(children) else list(spec.children_specs)
+
+
+def _opened(torch, name, so_path, device):
+    """The runner on the library; the dynamic loader's words about a symbol, said of the model instead."""
+    try:
+        return _fast_runner(torch, so_path, device)
+    except RuntimeError as exc:
+        text = str(exc)
+        if "undefined symbol:" not in text:
+            raise
+        symbol = text.split("undefined symbol:", 1)[1].split()[0] if text.split("undefined symbol:", 1)[1].split() else "?"
+        if symbol.startswith("AOTInductorModelContainer"):  # what torch looks up in the library
+            why = f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: a model container it does not know"
+        else:
+            why = f"its library needs {symbol}, which this torch ({torch.__version__}) lacks"
+        raise RuntimeError(f"compiled model {name!r} was built with torch {_MANIFEST['torch']}; {why}") from None
 
 
 def _fast_runner(torch, so_path, device):

@@ -42,28 +42,33 @@ TORCH_NEXT = os.environ.get("HATCH_AOTI_TEST_TORCH_NEXT", "2.14.1")
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start installing the other torch as soon as a test that needs it is collected: it takes
     minutes, mostly unpacking, and runs beside the builds of the tests before it."""
-    if any("torch_next_envs" in getattr(item, "fixturenames", ()) for item in session.items):
+    wanted = any("torch_next_envs" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wanted and not session.config.option.collectonly:
         root = Path(tempfile.mkdtemp(prefix="hatch-aoti-torch-next-"))
         env = root / f"torch-{TORCH_NEXT}"  # the layout `hatch-aoti verify --envs` uses again
         script = (f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
                   f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
                   f"'torch=={TORCH_NEXT}']))")  # fmt: skip
         log = (root / "install.log").open("w")
-        session.config.torch_next = (root, subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log))
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log)
+        session.config.torch_next = (root, proc)
+
+        def stop() -> None:  # whatever happened to the session: no install left running, nothing left behind
+            proc.kill()
+            proc.wait()
+            log.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+        session.config.add_cleanup(stop)
 
 
 @pytest.fixture(scope="session")
-def torch_next_envs(request: pytest.FixtureRequest) -> Iterator[Path]:
+def torch_next_envs(request: pytest.FixtureRequest) -> Path:
     """A directory holding ``torch-<TORCH_NEXT>/``, a venv with that torch (and nothing of ours)."""
     root, proc = request.config.torch_next
-    try:
-        status = proc.wait(timeout=1800)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    status = proc.wait(timeout=1800)  # the session's cleanup kills it if this runs out
     assert status == 0, (root / "install.log").read_text(encoding="utf-8")[-4000:]
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    return root
 
 
 #: Every build in the session shares it, so that any two wheels of the same sources can be compared.

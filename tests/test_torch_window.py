@@ -61,7 +61,12 @@ def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     assert torch_to_add(["torch==2.13.0"], settings, "torch==2.13.0", "2.13.0", can_add=False) is None
     assert torch_to_add(["torch>=2.13,<2.15"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False) is None
     with pytest.raises(BuildFailed, match="both state the torch requirement"):
-        torch_to_add(["torch>=2.13"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False)
+        torch_to_add(["torch>=2.13,<2.16"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False)
+    assert torch_to_add(["Torch<2.15,>=2.13"], window, "torch>=2.13,<2.15", "2.13.0", can_add=False) is None
+    with pytest.raises(BuildFailed, match="allows every later torch"):
+        torch_to_add(["torch"], settings, series, "2.13.0", can_add=True)
+    assert torch_to_add(["torch==2.13"], settings, "torch==2.13.0", "2.13.0", can_add=False) is None
+    assert torch_to_add(["torch>=3; python_version < '3'"], settings, series, "2.13.0", can_add=True) == series
 
 
 # -- one wheel, two torch releases ----------------------------------------------------------------------------
@@ -128,6 +133,7 @@ def test_the_narrowest_requirement_covers_the_passing_releases() -> None:
     assert narrowest(["2.13.0+cpu", "2.14.1"]) == "torch>=2.13,<2.15"
     assert narrowest(["2.13.0+cpu"]) == "torch==2.13.*"
     assert narrowest(["2.13.0", "2.15.0", "2.14.2"]) == "torch>=2.13,<2.16"
+    assert narrowest(["2.13.0", "2.15.0"]) == "torch==2.13.*", "2.14 was not tried: not promised"
     assert narrowest(["?"]) == ""
 
 

@@ -140,7 +140,7 @@ def fail(out: Output, message: str) -> int:
 
 def dispatch(args: argparse.Namespace, out: Output) -> int:
     from hatch_aoti.cli import bench, cache, inspect, profile, verify
-    from hatch_aoti.cli.target import open_target
+    from hatch_aoti.cli.target import CliError, open_target
 
     if args.command == "cache":
         if args.action == "info":
@@ -150,6 +150,8 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
     with open_target(args.target, extract=args.command != "inspect") as target:
         if args.command == "inspect":
             return inspect.run(target, out)
+        if args.command == "verify" and args.envs and not args.torch:
+            raise CliError("--envs keeps the environments of --torch; give --torch VERSION too")
         if args.command == "verify" and args.torch:
             from hatch_aoti.cli import window
 

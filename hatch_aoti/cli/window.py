@@ -36,8 +36,10 @@ def run(target: Target, out: Output, versions: list[str], envs: Path | None) -> 
             results[version] = one_release(target, version, root / f"torch-{version}", Path(tmp))
     passing = [v for v, r in results.items() if "error" not in r and all(
         m["status"] in ("pass", "skipped") for m in r["models"].values())]  # fmt: skip
+    precompiled = any(m.get("backend") == "precompile" for m in target.models.values())
+    requirement = f"torch=={built.split('+')[0]}" if precompiled else narrowest([built, *passing])
     data = {"target": target.where, "built_with": built, "versions": results,
-            "passed": len(passing) == len(results), "requirement": narrowest([built, *passing])}  # fmt: skip
+            "passed": len(passing) == len(results), "requirement": requirement}  # fmt: skip
     out.data(data)
     if not out.json:
         show(data, out)
@@ -50,11 +52,14 @@ def one_release(target: Target, version: str, where: Path, tmp: Path) -> dict[st
         python = environment(version, where)
         install(python, ["--no-deps", target.where], reinstall=True)  # a kept environment may hold an older build
         others = [r for r in target.dist.requires if not _is_torch(r)]
-        if others:
-            install(python, others)
+        if others:  # torch named too: they may not replace the torch under test
+            install(python, [*others, f"torch=={version}"])
     except subprocess.CalledProcessError as exc:
         return {"error": f"could not install: {' '.join(map(str, exc.cmd[-3:]))}: {_last_line(exc.stderr)}"}
-    return worker(python, target, tmp)
+    report = worker(python, target, tmp)
+    if "error" not in report and str(report.get("torch", "")).split("+")[0] != version:
+        return {"error": f"the environment has torch {report.get('torch')}, not {version}"}
+    return report
 
 
 def environment(version: str, where: Path) -> Path:
@@ -98,7 +103,8 @@ def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
 
 
 def narrowest(versions: list[str]) -> str:
-    """The narrowest torch requirement that allows every release series in ``versions``."""
+    """The narrowest torch requirement that allows the release series in ``versions`` (the first is the
+    build's), over consecutive series only: a series between them that was not tried is not promised."""
     from packaging.version import InvalidVersion, Version
 
     series = set()
@@ -109,7 +115,12 @@ def narrowest(versions: list[str]) -> str:
             continue
     if not series:
         return ""
-    low, high = min(series), max(series)
+    built = Version(versions[0]).release[:2] if versions[0] and versions[0][0].isdigit() else min(series)
+    low = high = built
+    while (low[0], low[1] - 1) in series:
+        low = (low[0], low[1] - 1)
+    while (high[0], high[1] + 1) in series:
+        high = (high[0], high[1] + 1)
     if low == high:
         return f"torch=={low[0]}.{low[1]}.*"
     return f"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
