@@ -612,7 +612,7 @@ class _Precompiled:
         self.regions = entry.get("regions") or [{"file": entry["file"], "dims": {}}]
         self.loaded = [None] * len(self.regions)
         self.lock = threading.Lock()
-        self.axes = _root_axes(entry["call"])
+        self.axes = _root_axes(torch, entry["call"])
         leaves = entry["call"]
         self.tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self.mutated = [p for p, i in enumerate(self.tensor_index) if leaves[i].get("mutated")]
@@ -673,14 +673,11 @@ def _write_back(tensors, copies, mutated):
             tensors[position].copy_(copies[position])
 
 
-def _root_axes(leaves):
+def _root_axes(torch, leaves):
     """(tensor position, axis, root dim, multiple, offset) of every dynamic axis of a model's inputs."""
-    found = []
-    for position, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf):
-        for axis, d in enumerate(leaf["shape"]):
-            if not isinstance(d, int):
-                found.append((position, axis, d.get("root", d["name"]), d.get("mult", 1), d.get("offset", 0)))
-    return found
+    checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
+    return [(position, axis, root, mult, offset)
+            for position, (_, _, _, dims) in enumerate(checks) for axis, _, _, root, mult, offset in dims]  # fmt: skip
 
 
 def _runtime(name, entry):
@@ -759,7 +756,7 @@ def _opened(torch, name, so_path, device):
         text = str(exc)
         if "undefined symbol:" not in text:
             raise
-        symbol = text.split("undefined symbol:", 1)[1].split()[0] if text.split("undefined symbol:", 1)[1].split() else "?"
+        symbol = (text.split("undefined symbol:", 1)[1].split() or ["?"])[0]
         if symbol.startswith("AOTInductorModelContainer"):  # what torch looks up in the library
             why = f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: a model container it does not know"
         else:
