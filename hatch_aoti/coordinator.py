@@ -323,12 +323,18 @@ class Coordinator:
             compiled = loader.load(spec.name)
             if getattr(compiled, "weights", None):
                 use_module_weights(miss.model.module, compiled, self.artifacts / spec.name, entry["weights"])
-            samples = [*miss.model.plan.verify_samples, *region_edges(miss.model.plan, entry.get("regions", []))]
-            return verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
+            plan = miss.model.plan
+            samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
+            report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - anything else is this model's failure, not the build's
             raise ModelFailure("verify", f"{type(exc).__name__}: {exc}") from None
+        generated = {label for label, _ in plan.verify_samples} if plan.seed is not None else set()
+        for tried in report["tried"]:  # what `hatch-aoti verify` can remake exactly
+            if tried["inputs"] in generated:
+                tried["seed"] = plan.seed
+        return report, worst
 
     def fail(self, name: str, stage: str, message: str) -> None:
         self.failed[name] = stage

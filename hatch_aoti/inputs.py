@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hatch_aoti import generate
 from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec, parse_rule
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
@@ -43,6 +44,10 @@ class InputPlan:
     """Per tensor input, in flattening order: dim names by axis."""
     rules: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     """Derived dims: ``samples = 320*frames`` is ``{"samples": ("frames", 320, 0)}``."""
+    values: list[tuple[float | None, float | None]] = field(default_factory=list)
+    """Per tensor input: the (low, high) of generated values, ``None`` for the generator's default."""
+    seed: int | None = None
+    """The seed :mod:`hatch_aoti.generate` made the verification samples from; ``None`` for the project's own."""
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -68,23 +73,7 @@ def _example_size(bounds: DimSpec) -> int:
 
 def _make_tensor(spec: TensorSpec, sizes: dict[str, int], device: str, gen: torch.Generator) -> torch.Tensor:
     shape = [sizes[d] if isinstance(d, str) else d for d in spec.shape]
-    dtype = getattr(torch, spec.dtype)
-    if dtype == torch.bool:
-        out = torch.randint(0, 2, shape, generator=gen).bool()
-    elif dtype.is_floating_point or dtype.is_complex:
-        if spec.low is not None or spec.high is not None:
-            low = spec.low if spec.low is not None else 0.0
-            high = spec.high if spec.high is not None else low + 1.0
-            out = torch.rand(shape, generator=gen, dtype=torch.float64) * (high - low) + low
-        else:
-            out = torch.randn(shape, generator=gen, dtype=torch.float64)
-        out = out.to(dtype)
-    else:
-        info = torch.iinfo(dtype)
-        low = int(spec.low) if spec.low is not None else max(0, info.min)
-        high = int(spec.high) if spec.high is not None else min(100, info.max)
-        out = torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dtype)
-    return out.to(spec.device or device)
+    return generate.tensor(shape, spec.dtype, spec.device or device, gen, spec.low, spec.high)
 
 
 Rules = dict[str, tuple[str, int, int]]
@@ -167,7 +156,7 @@ def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> In
     example = {n: _example_size(b) for n, b in dims.items()}
 
     def sample(roots: dict[str, int]) -> Sample:
-        gen, sizes = torch.Generator().manual_seed(seed), _derive(roots, rules)
+        gen, sizes = generate.generator(seed), _derive(roots, rules)
         args = tuple(_make_tensor(s, sizes, model.device, gen) for s in model.inputs or ())
         kwargs = {k: _make_tensor(s, sizes, model.device, gen) for k, s in model.kwargs.items()}
         return args, kwargs
@@ -193,6 +182,8 @@ def plan_declared(model: ModelSpec, param_names: list[str], seed: int = 0) -> In
             {i: d for i, d in enumerate(s.shape) if isinstance(d, str)}
             for s in (*(model.inputs or ()), *model.kwargs.values())
         ],
+        values=[(s.low, s.high) for s in (*(model.inputs or ()), *model.kwargs.values())],
+        seed=seed,
     )
 
 
@@ -314,6 +305,7 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         rules=rules,
         description={"samples": len(samples), "leaves": leaves_desc},
         axis_names=[{a: n for (tt, a), n in names.items() if tt == t} for t in tensors],
+        values=[_seen_range([pytree.tree_leaves(s)[t] for s in samples]) for t in tensors],
     )
 
 
@@ -344,6 +336,14 @@ def suggested_rules(message: str, known: set[str], rules: Rules) -> dict[str, Di
     over = {root for root, _, _ in rules.values()}
     chained = (roots & set(rules)) or (set(out) & over)
     return out if found and out and roots <= known | set(out) and not chained else None
+
+
+def _seen_range(tensors: list[torch.Tensor]) -> tuple[float | None, float | None]:
+    """The integers the samples hold, as a generator's ``[low, high)``: inputs remade from the manifest
+    then index what the project's did. Other dtypes keep the generator's default."""
+    if any(t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex or not t.numel() for t in tensors):
+        return None, None
+    return min(int(t.min()) for t in tensors), max(int(t.max()) for t in tensors) + 1
 
 
 def _contiguous(sample: Sample) -> Sample:
@@ -421,6 +421,8 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
         shape = [size if isinstance(size, int) else _dynamic_axis(exported, size.node.expr, names, axis_names.get(axis))
                  for axis, size in enumerate(fake.shape)]  # fmt: skip
         leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
+        low, high = plan.values[position] if position < len(plan.values) else (None, None)
+        leaf.update({k: v for k, v in (("low", low), ("high", high)) if v is not None})
         out.append({**leaf, "mutated": True} if path in mutated else leaf)
     return out
 

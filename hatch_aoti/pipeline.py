@@ -181,13 +181,13 @@ def torch_requirement(settings: Settings, torch_version: str) -> str:
 
 
 def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch_version: str, *,
-                 can_add: bool) -> str | None:  # fmt: skip
+                 can_add: bool, alternative: str = "") -> str | None:  # fmt: skip
     """The torch requirement the front end must add to the wheel's metadata, or ``None`` where the project
     states its own in ``[project] dependencies`` (checked against the build's torch and the models' pin).
 
     A wheel's metadata must equal what ``prepare_metadata_for_build_wheel`` gave the installer: a front
     end that cannot add the requirement there too (``can_add=False``: hatchling runs no build hook
-    for it) has the project state it, and is told the exact line.
+    for it; PEP 621 makes static dependencies final) has the project state it, and is told the exact line.
     """
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -202,7 +202,8 @@ def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch
             return needed
         raise BuildFailed(f"project.dependencies: state the torch the wheel needs, so that the metadata installers "
                           f'read before building (prepare_metadata_for_build_wheel) has it too: add "{needed}" to '
-                          f'[project] dependencies, e.g. dependencies = ["{needed}"]')  # fmt: skip
+                          f'[project] dependencies, e.g. dependencies = ["{needed}"]'
+                          + (f"; {alternative}" if alternative else ""))  # fmt: skip
     for requirement in declared:
         _check_declared(requirement, settings, needed, torch_version)
     return None

@@ -190,7 +190,8 @@ def write_project(
 
     ``hook_toml`` is written with the hatch table's path; a setuptools project gets the
     same tables under ``[tool.hatch-aoti]``. A hatch project states ``torch`` in its
-    dependencies (hatch-aoti requires it there); a setuptools one leaves it to hatch-aoti.
+    dependencies (hatch-aoti requires it there); a setuptools one declares them dynamic and
+    leaves torch to hatch-aoti.
     """
     default_requires, backend = BACKENDS[frontend]
     package = root / "src" / name if src else root / name
@@ -205,7 +206,7 @@ def write_project(
             [project]
             name = "{name.replace('_', '-')}"
             version = "1.0"
-            {f'dependencies = ["{torch}"]' if frontend == "hatch" else ""}
+            {f'dependencies = ["{torch}"]' if frontend == "hatch" else 'dynamic = ["dependencies"]'}
             """
         )
         + textwrap.dedent(hook_toml).replace(TABLES["hatch"], TABLES[frontend]),

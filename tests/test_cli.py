@@ -58,23 +58,34 @@ def script(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 # -- no compiling: the command's own logic -------------------------------------------------
 
 ENTRY = {
-    "call": [{"dtype": "int64", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8}, 7]},
+    "call": [{"dtype": "int64", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8}, 7], "high": 5},
              {"dtype": "float32", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8},
                                                               {"name": "seq", "min": 2, "max": None}]}],
-    "verification": {"tried": [{"inputs": "example", "shapes": [[3, 7], [3, 5]]}]},
+    "verification": {"tried": [{"inputs": "example", "shapes": [[3, 7], [3, 5]], "seed": 0},
+                               {"inputs": "sample 1", "shapes": [[8, 7], [8, 2]]}]},
 }  # fmt: skip
 
 
-def test_cases_are_the_example_and_each_dims_ends() -> None:
+def test_cases_are_the_builds() -> None:
+    """The build's cases at its sizes, its own inputs where it generated them; without a report, the
+    example and each dim's ends."""
     assert calls.example_sizes(ENTRY) == {"batch": 3, "seq": 5}
-    labels = [(c.label, c.sizes) for c in calls.cases(ENTRY)]
-    assert labels == [("example", {"batch": 3, "seq": 5}), ("batch=1 (min)", {"batch": 1, "seq": 5}),
-                      ("batch=8 (max)", {"batch": 8, "seq": 5}), ("seq=2 (min)", {"batch": 3, "seq": 2})]  # fmt: skip
+    found = [(c.label, c.sizes, c.seed) for c in calls.cases(ENTRY)]
+    assert found == [("example", {"batch": 3, "seq": 5}, 0), ("sample 1", {"batch": 8, "seq": 2}, None)]
+    bare = {"call": ENTRY["call"]}
+    labels = [(c.label, c.sizes) for c in calls.cases(bare)]
+    assert labels == [("example", {"batch": 4, "seq": 2}), ("batch=1 (min)", {"batch": 1, "seq": 2}),
+                      ("batch=8 (max)", {"batch": 8, "seq": 2})]  # fmt: skip
     assert calls.describe(ENTRY) == "int64[batch, 7], float32[batch, seq]"
     assert calls.parse_shape(["batch=8", "seq=100"], ENTRY) == {"batch": 8, "seq": 100}
     for bad, message in (["batch=9"], "batch must be an integer in [1, 8]"), (["len=3"], "no dynamic dim 'len'"):
         with pytest.raises(ValueError, match=message.replace("[", r"\[")):
             calls.parse_shape(bad, ENTRY)
+    from torch.utils import _pytree as pytree
+
+    spec = pytree.treespec_dumps(pytree.tree_flatten(((0, 0), {}))[1])
+    ids, _ = calls.make_inputs(ENTRY, {"batch": 8, "seq": 2}, spec, seed=0)
+    assert ids[0].shape == (8, 7) and 0 <= int(ids[0].min()) and int(ids[0].max()) < 5, "the recorded value range"
 
 
 def _wheel(path: Path, files: dict[str, str]) -> Path:
@@ -235,7 +246,9 @@ def test_every_command_on_the_installed_package(on_path: Path, capsys: pytest.Ca
     status, data = cli(capsys, "verify", "sample_models")
     assert status == 0 and data["passed"] and data["files"]["checked"] == 7, data  # 2 libraries, 5 files of RECORD
     assert IMPORTED == ["sample_models.compiled"], "the loader, loaded by path; not the package"
-    assert [c["case"] for c in data["models"]["classifier"]["cases"]] == ["example", "batch=1 (min)", "batch=64 (max)"]
+    cases = data["models"]["classifier"]["cases"]
+    assert [c["case"] for c in cases] == ["example", "min", "mid", "max"], "the build's cases"
+    assert all(c["the_builds_inputs"] for c in cases), "remade from the manifest: its declared inputs"
     status, data = cli(capsys, "verify", "sample_models", "--eager")
     assert status == 0 and "sample_models.models" in IMPORTED and data["models"]["mlp"]["cases"][0]["max_abs_err"] < 1e-4
     status, data = cli(capsys, "bench", "sample_models", "mlp", "--repeats", "2", "--min-time", "0.001", "--cold", "0")
@@ -297,7 +310,7 @@ def test_verify_eager_and_bench_against_eager(sample_dists: tuple[Path, Path], c
     status, data = cli(capsys, "bench", str(sample_dists[1]), "classifier", "--eager", "--repeats", "2",
                        "--min-time", "0.001", "--cold", "1")  # fmt: skip
     result = data["models"]["classifier"]
-    assert status == 0 and result["eager"] == "measured" and len(result["per_call"]) == 3
+    assert status == 0 and result["eager"] == "measured" and len(result["per_call"]) == 4  # the build's cases
     assert all(row["eager"]["median_s"] > 0 and row["compiled"]["median_s"] > 0 for row in result["per_call"])
     cold = result["cold_start"]
     assert cold["ratio"] > 0 and cold["import_torch"]["min_s"] <= cold["import_torch"]["median_s"] and cold["rounds"] == 1
@@ -354,6 +367,6 @@ def test_verify_every_backend(mixed_wheel: tuple[Path, str], capsys: pytest.Capt
     assert "mixpkg.models" in IMPORTED and "max_abs_err" not in data["models"]["guarded"]["cases"][0]
     status, data = cli(capsys, "verify", str(mixed_wheel[0]), "--eager")
     assert status == 0 and {r["status"] for r in data["models"].values()} == {"ok"}, data
-    assert [c["case"] for c in data["models"]["batched"]["cases"]] == ["example", "batch=32 (max)"]  # example: the min
+    assert [c["case"] for c in data["models"]["batched"]["cases"]][:3] == ["example", "mid", "max"]  # example: the min
     status, data = cli(capsys, "bench", str(mixed_wheel[0]), "guarded", "--repeats", "1", "--cold", "0")
     assert status == 1 and "pass --import-package" in data["models"]["guarded"]["skipped"], "nothing timed: exit 1"

@@ -464,7 +464,11 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
     assert all(status == "ok" for status, _ in statuses.values()), statuses
     assert proc.returncode == 0
     cases = [c["inputs"] for c in data["models"]["framed"]["cases"]]
-    assert cases == ["float32[2, 3200]", "float32[2, 6400]"], "the example (frames = 10) and frames' max"
+    assert cases == ["float32[2, 3200]", "float32[2, 4800]", "float32[2, 6400]"], "the build's: frames = 10, 15, 20"
+    assert all(c["the_builds_inputs"] for c in data["models"]["framed"]["cases"]), "remade from the manifest"
+    samples = data["models"]["frames"]["cases"]
+    assert [c["case"] for c in samples] == ["sample 0", "sample 1"], "the project's own samples, at their sizes"
+    assert not any(c["the_builds_inputs"] for c in samples), "made anew at the samples' sizes"
 
 
 # -- a library that needs what the running torch lacks -------------------------------------------------------

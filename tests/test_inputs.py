@@ -145,3 +145,41 @@ def test_dynamic_may_widen_inferred_bounds_but_not_narrow_them() -> None:
         with pytest.raises(InputError) as info:
             plan_from_samples(spec(dynamic={"batch": bounds}, example_inputs="a:c", inputs=None), samples, ["x"])
         assert info.value.key == key and fragment in str(info.value)
+
+
+def test_verify_remakes_the_builds_inputs_from_the_manifest() -> None:
+    """One generator: the inputs ``hatch-aoti verify`` makes from the manifest are the tensors the build
+    verified with, case by case (torch.export, no compiling)."""
+    from torch.utils import _pytree as pytree
+
+    from hatch_aoti.cli import calls
+    from hatch_aoti.inputs import call_spec, describe_call
+
+    class Model(torch.nn.Module):
+        def forward(self, tokens, scale, *, mask):
+            return (tokens.float() * scale).sum(-1) + mask.float().sum(-1)
+
+    model = spec(
+        inputs=(TensorSpec(("batch", "seq"), "int64", low=3, high=40), TensorSpec((1,), "float16", low=-2, high=2)),
+        kwargs={"mask": TensorSpec(("batch", "seq"), "bool")},
+        dynamic={"batch": DimSpec(1, 8), "seq": DimSpec(4, 32)},
+    )
+    plan = plan_declared(model, ["tokens", "scale", "mask"], seed=7)
+    args, kwargs = plan.export_sample
+    exported = torch.export.export(Model(), args, kwargs, dynamic_shapes=plan.dynamic_shapes)
+    tried = [{"inputs": label, "shapes": [list(t.shape) for t in pytree.tree_leaves(s)], "seed": plan.seed}
+             for label, s in plan.verify_samples]  # fmt: skip
+    entry = {"call": describe_call(exported, plan), "verification": {"tried": tried}}
+    assert entry["call"][0]["low"] == 3 and entry["call"][0]["high"] == 40 and "low" not in entry["call"][2]
+    cases = calls.cases(entry)
+    assert [c.label for c in cases] == ["example", "min", "mid", "max"]
+    for case, (_, sample) in zip(cases, plan.verify_samples, strict=True):
+        remade = calls.make_inputs(entry, case.sizes, call_spec(exported)[0], case.seed)
+        torch.testing.assert_close(remade, sample, rtol=0, atol=0)
+
+
+def test_inputs_remade_for_samples_keep_the_integers_the_samples_hold() -> None:
+    small, large = torch.randint(5, 9, (2, 3)), torch.randint(5, 12, (4, 3))
+    plan = plan_from_samples(spec(), [((small, torch.randn(2)), {}), ((large, torch.randn(4)), {})], ["ids", "x"])
+    assert plan.seed is None and plan.values == [(int(min(small.min(), large.min())), int(max(small.max(), large.max())) + 1),
+                                                 (None, None)]  # fmt: skip

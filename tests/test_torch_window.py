@@ -42,6 +42,35 @@ def test_the_prepared_metadata_is_the_wheels(frontend: str, sample_dists: tuple[
     assert requires_dist(metadata) == requires_dist(wheel_metadata(wheel)) == [torch]
 
 
+@pytest.mark.integration
+def test_uv_installs_the_project_with_a_torch_the_wheel_accepts(build_env: dict[str, str], tmp_path: Path) -> None:
+    """uv resolves a project directory from its static ``[project]`` table where ``dependencies`` is not
+    dynamic, and from the prepared metadata otherwise: either way torch must be in what it reads."""
+    import venv
+    from importlib.metadata import version
+
+    from conftest import copy_project, run
+    from packaging.requirements import Requirement
+
+    project = copy_project(REPO / "sample_project_setuptools", tmp_path / "project")
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    python = tmp_path / "venv" / "bin" / "python"
+    constraints = tmp_path / "constraints.txt"  # this machine's torch build, from its find-links: no download
+    constraints.write_text(f"torch=={version('torch')}\n", encoding="utf-8")
+    env = {**build_env, "UV_FIND_LINKS": ",".join(build_env["PIP_FIND_LINKS"].split()),
+           "UV_CONSTRAINT": str(constraints), "UV_BUILD_CONSTRAINT": str(constraints)}  # fmt: skip
+    run([sys.executable, "-m", "uv", "pip", "install", "--python", str(python), str(project)], env=env)
+    code = """
+import json, torch
+from importlib.metadata import requires
+from sample_models import compiled
+print(compiled.load("mlp")(torch.randn(4, 128)).shape)
+print(json.dumps([torch.__version__, requires("sample-models")]))
+"""
+    found, requirements = json.loads(run([str(python), "-c", code], cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert requirements == ["torch<2.15,>=2.13"] and Requirement(requirements[0]).specifier.contains(found)
+
+
 def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     from hatch_aoti.config import parse_settings
     from hatch_aoti.pipeline import BuildFailed, torch_to_add
@@ -68,6 +97,16 @@ def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     assert torch_to_add(["torch==2.13"], settings, "torch==2.13.0", "2.13.0", can_add=False) is None
     assert torch_to_add(["torch>=3; python_version < '3'"], settings, series, "2.13.0", can_add=True) == series
 
+
+
+def test_setuptools_adds_torch_only_to_dynamic_dependencies() -> None:
+    """PEP 621: a static ``dependencies`` list is final, and installers read it without building."""
+    from hatch_aoti.frontends.setuptools import _dependencies_dynamic
+
+    assert _dependencies_dynamic({}) and _dependencies_dynamic({"tool": {}}), "no [project]: setup.py's metadata"
+    assert _dependencies_dynamic({"project": {"name": "p", "dynamic": ["version", "dependencies"]}})
+    assert not _dependencies_dynamic({"project": {"name": "p"}})
+    assert not _dependencies_dynamic({"project": {"name": "p", "dependencies": ["numpy"], "dynamic": ["version"]}})
 
 # -- one wheel, two torch releases ----------------------------------------------------------------------------
 
@@ -156,3 +195,22 @@ def test_only_a_wheel_can_be_tried_on_other_releases() -> None:
     installed = types.SimpleNamespace(kind="installed", where="sample_models")
     with pytest.raises(CliError, match="give a wheel file, not sample_models"):
         window.run(installed, Output(True), ["2.14.1"], None)  # type: ignore[arg-type]
+
+
+def test_a_model_that_crashes_or_hangs_costs_itself_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each model's check runs in a process of its own, with a time limit (a fake interpreter here)."""
+    import types
+
+    from hatch_aoti.cli import window
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\ncase "$5" in\n  crash) echo "Segmentation fault" >&2; exit 139;;\n'
+                    '  hang) exec sleep 30;;\n  *) echo \'{"torch": "2.14.1", "status": "pass", "reason": ""}\';;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(window, "MODEL_TIMEOUT_S", 2)
+    target = types.SimpleNamespace(package="p", loader_name="compiled", models={"crash": {}, "hang": {}, "ok": {}})
+    report = window.worker(fake, target, tmp_path)  # type: ignore[arg-type]
+    assert report["torch"] == "2.14.1" and report["models"]["ok"]["status"] == "pass"
+    assert report["models"]["crash"] == {"status": "fails", "reason": "the check crashed (exit status 139): "
+                                         "Segmentation fault"}  # fmt: skip
+    assert report["models"]["hang"]["reason"].startswith("did not finish in 2 s")

@@ -1,8 +1,9 @@
 """Inputs for a compiled model, made from its manifest entry alone (no factory, no samples).
 
-Each named dynamic dim is tried at its example size and at both ends of its range. Values
-are random normals for floating dtypes and 0/1 for integers and bools, which any
-embedding or index input accepts.
+The cases are those the build verified, at its sizes; :mod:`hatch_aoti.generate` remakes
+its generated inputs exactly (each case's seed, each leaf's value range), and makes the
+rest where the build verified the project's own samples. A model built without
+verification is tried at its example size and at both ends of each dynamic dim's range.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 class Case:
     label: str
     sizes: dict[str, int]
+    seed: int | None = None
+    """The seed of the build's own inputs for this case; ``None``: generated here (seed 0)."""
 
 
 def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
@@ -30,21 +33,38 @@ def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
     return found
 
 
-def example_sizes(entry: dict[str, Any]) -> dict[str, int]:
-    """The sizes the build verified as its example, where the report has them; else mid-range."""
-    sizes = {name: lo if hi is None else (lo + hi) // 2 for name, (lo, hi) in dims(entry).items()}
-    tried = [t for t in entry.get("verification", {}).get("tried", []) if t.get("inputs") == "example"]
+def _sizes_of(entry: dict[str, Any], shapes: list[list[int]]) -> dict[str, int] | None:
+    """The root dims' sizes of one tried case, from its tensors' shapes; ``None`` where they do not fit."""
     tensors = [leaf for leaf in entry["call"] if "const" not in leaf]
-    if tried and len(tried[0]["shapes"]) == len(tensors):
-        for leaf, shape in zip(tensors, tried[0]["shapes"]):
-            if len(shape) == len(leaf["shape"]):
-                sizes.update({d.get("root", d["name"]): (n - d.get("offset", 0)) // d.get("mult", 1)
-                              for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)})  # fmt: skip
-    return sizes
+    if len(shapes) != len(tensors) or any(len(s) != len(leaf["shape"]) for s, leaf in zip(shapes, tensors)):
+        return None
+    return {d.get("root", d["name"]): (n - d.get("offset", 0)) // d.get("mult", 1)
+            for leaf, shape in zip(tensors, shapes) for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)}  # fmt: skip
+
+
+def _tried(entry: dict[str, Any]) -> list[Case]:
+    found = []
+    for tried in entry.get("verification", {}).get("tried", []):
+        sizes = _sizes_of(entry, tried.get("shapes", []))
+        if sizes is not None and set(sizes) == set(dims(entry)):
+            found.append(Case(tried["inputs"], sizes, tried.get("seed")))
+    return found
+
+
+def example_sizes(entry: dict[str, Any]) -> dict[str, int]:
+    """The sizes the build verified as its first input set, where the report has them; else mid-range."""
+    tried = _tried(entry)
+    if tried:
+        return tried[0].sizes
+    return {name: lo if hi is None else (lo + hi) // 2 for name, (lo, hi) in dims(entry).items()}
 
 
 def cases(entry: dict[str, Any], overrides: dict[str, int] | None = None) -> list[Case]:
-    """The example, then each dynamic dim at its min and max (the others at their example sizes)."""
+    """The build's cases; without a verification report, the example and each dynamic dim at its
+    min and max (the others at their example sizes). With ``overrides``, one case at those sizes."""
+    tried = _tried(entry)
+    if tried and not overrides:
+        return tried
     example = {**example_sizes(entry), **(overrides or {})}
     found = [Case("example", example)]
     if overrides:
@@ -77,13 +97,17 @@ def in_spec(entry: dict[str, Any], model: Any) -> str:
     return model.runner.get_call_spec()[0]
 
 
-def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int = 0) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """(args, kwargs) with the structure ``spec`` (see :func:`in_spec`), at ``sizes``."""
-    import torch
+def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) with the structure ``spec`` (see :func:`in_spec`), at ``sizes``: the build's own
+    inputs where ``seed`` is the case's."""
     from torch.utils import _pytree as pytree
 
-    generator = torch.Generator().manual_seed(seed)
-    leaves = [_leaf(torch, leaf, sizes, generator) for leaf in entry["call"]]
+    from hatch_aoti import generate
+
+    gen = generate.generator(seed or 0)
+    leaves = [leaf["const"] if "const" in leaf else generate.tensor(_shape(leaf, sizes), leaf["dtype"], leaf["device"],
+                                                                     gen, leaf.get("low"), leaf.get("high"))
+              for leaf in entry["call"]]  # fmt: skip
     args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(spec))
     return tuple(args), dict(kwargs)
 
@@ -99,18 +123,6 @@ def _shape(leaf: dict[str, Any], sizes: dict[str, int]) -> list[int]:
 
 def _size(dim: dict[str, Any], sizes: dict[str, int]) -> int:
     return dim.get("mult", 1) * sizes[dim.get("root", dim["name"])] + dim.get("offset", 0)
-
-
-def _leaf(torch: Any, leaf: dict[str, Any], sizes: dict[str, int], generator: Any) -> Any:
-    if "const" in leaf:
-        return leaf["const"]
-    shape = _shape(leaf, sizes)
-    dtype = getattr(torch, leaf["dtype"])
-    if dtype.is_floating_point or dtype.is_complex:
-        value = torch.randn(shape, generator=generator).to(dtype)
-    else:
-        value = torch.randint(0, 2, shape, generator=generator).to(dtype)
-    return value.to(leaf["device"])
 
 
 def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
@@ -131,8 +143,9 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict
 
     from hatch_aoti.verify import compare, copied
 
-    result: dict[str, Any] = {"case": case.label, "inputs": describe(entry, case.sizes)}
-    sample = make_inputs(entry, case.sizes, in_spec(entry, model))
+    result: dict[str, Any] = {"case": case.label, "inputs": describe(entry, case.sizes),
+                              "the_builds_inputs": case.seed is not None}  # fmt: skip
+    sample = make_inputs(entry, case.sizes, in_spec(entry, model), case.seed)
     (args, kwargs), (e_args, e_kwargs) = sample, copied(sample)  # each run its own inputs: a model may write them
     with torch.no_grad():
         try:

@@ -46,14 +46,23 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
     return {"status": "failed" if bad else "ok", "reason": reason, "cases": tried}
 
 
+def inputs_of(cases: list[dict[str, Any]]) -> str:
+    """Which inputs ran: the build's own (remade from the manifest), or new ones at the build's sizes."""
+    if all(c["the_builds_inputs"] for c in cases):
+        return "on the build's inputs"
+    if not any(c["the_builds_inputs"] for c in cases):
+        return "on inputs made at the build's sizes"
+    return "on the build's inputs, and inputs made at its sizes where it used the project's samples"
+
+
 def show(data: dict[str, Any], out: Output) -> None:
     for problem in data["files"]["problems"]:
         out.line(f"FAILED  {problem}", style="red")
     for name, r in data["models"].items():
         if r["status"] == "ok":
             cases = ", ".join(c["case"] for c in r["cases"])
-            compared = " (matches eager)" if any("max_abs_err" in c for c in r["cases"]) else ""
-            out.line(f"ok      {name}: ran {cases}{compared}", style="green")
+            compared = "matches eager, " if any("max_abs_err" in c for c in r["cases"]) else ""
+            out.line(f"ok      {name}: ran {cases} ({compared}{inputs_of(r['cases'])})", style="green")
         elif r["status"] == "skipped":
             out.line(f"skipped {name}: {r['reason']}", style="yellow")
         else:

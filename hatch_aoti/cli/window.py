@@ -3,8 +3,8 @@
 Each release gets an environment of its own, made with uv where it is on PATH and else with
 venv and pip, each with the user's own index settings: that torch, then the wheel without its
 dependencies, then its other requirements. There a worker (``window_worker.py``: torch and
-hatch-aoti's pure-Python modules, nothing installed) loads every model and runs it against
-eager on the inputs ``hatch-aoti verify --eager`` uses. The result is a table, release by
+hatch-aoti's pure-Python modules, nothing installed) loads each model, in a process of its own,
+and runs it against eager on the build's verification inputs, as ``hatch-aoti verify --eager`` does. The result is a table, release by
 model, and the narrowest ``torch-requirement`` the passing releases support.
 """
 
@@ -57,7 +57,7 @@ def one_release(target: Target, version: str, where: Path, tmp: Path) -> dict[st
     except subprocess.CalledProcessError as exc:
         return {"error": f"could not install: {' '.join(map(str, exc.cmd[-3:]))}: {_last_line(exc.stderr)}"}
     report = worker(python, target, tmp)
-    if "error" not in report and str(report.get("torch", "")).split("+")[0] != version:
+    if report.get("torch") and str(report["torch"]).split("+")[0] != version:
         return {"error": f"the environment has torch {report.get('torch')}, not {version}"}
     return report
 
@@ -85,8 +85,14 @@ def install(python: Path, args: list[str], reinstall: bool = False) -> None:
         _run([str(python), "-m", "pip", "install", "--quiet", *(["--force-reinstall"] if reinstall else []), *args])
 
 
+#: How long one model's check may take in another release's environment: loading, then eager and
+#: compiled on every case.
+MODEL_TIMEOUT_S = int(os.environ.get("HATCH_AOTI_VERIFY_TIMEOUT", "900"))
+
+
 def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
-    """Run ``window_worker`` there, with hatch-aoti's own modules on its path and nothing else of ours."""
+    """Run ``window_worker`` there for each model in a process of its own (a crash or a hang costs that
+    model alone), with hatch-aoti's own modules on its path and nothing else of ours."""
     import hatch_aoti
 
     path = tmp / "hatch-aoti-modules"
@@ -94,12 +100,27 @@ def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
         path.mkdir()
         (path / "hatch_aoti").symlink_to(Path(hatch_aoti.__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": str(path)}
-    proc = subprocess.run([str(python), "-m", "hatch_aoti.cli.window_worker", target.package, target.loader_name],
-                          capture_output=True, text=True, env=env, cwd=tmp, check=False)  # fmt: skip
+    report: dict[str, Any] = {"models": {}}
+    for name in target.models:
+        found = _check(python, target, name, env, tmp)
+        report["torch"] = found.pop("torch", report.get("torch"))
+        report["models"][name] = found
+    return report
+
+
+def _check(python: Path, target: Target, name: str, env: dict[str, str], tmp: Path) -> dict[str, Any]:
+    command = [str(python), "-m", "hatch_aoti.cli.window_worker", target.package, target.loader_name, name]
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp, check=False,
+                              timeout=MODEL_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"status": "fails", "reason": f"did not finish in {MODEL_TIMEOUT_S} s (HATCH_AOTI_VERIFY_TIMEOUT)"}
+    try:
+        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return found
     except (IndexError, ValueError):
-        return {"error": f"the check crashed (exit status {proc.returncode}): {_last_line(proc.stderr)}"}
+        return {"status": "fails", "reason": f"the check crashed (exit status {proc.returncode}): "
+                f"{_last_line(proc.stderr)}"}  # fmt: skip
 
 
 def narrowest(versions: list[str]) -> str:

@@ -21,10 +21,13 @@ from setuptools.errors import SetupError
 
 def finalize(dist: Any) -> None:
     """Entry point: hook hatch-aoti into this build if its table is in ``pyproject.toml``."""
-    table = _table(Path(dist.src_root or os.curdir) / "pyproject.toml")
+    document = _pyproject(Path(dist.src_root or os.curdir) / "pyproject.toml")
+    tool = document.get("tool")
+    table = tool.get("hatch-aoti") if isinstance(tool, dict) else None
     if table is None:
         return
     dist.hatch_aoti_table = table
+    dist.hatch_aoti_can_add_torch = _dependencies_dynamic(document)
     dist.has_ext_modules = lambda: True  # native code: platform wheel, files in platlib
     dist.cmdclass["build_aoti"] = build_aoti
     for name, extend in (("build", _build), ("bdist_wheel", _bdist_wheel), ("editable_wheel", _requiring_torch),
@@ -32,18 +35,27 @@ def finalize(dist: Any) -> None:
         dist.cmdclass[name] = extend(dist.cmdclass.get(name) or _default(name))
 
 
-def _table(pyproject: Path) -> Any:
-    """The ``[tool.hatch-aoti]`` table, or ``None``; setuptools has not read its own config yet."""
+def _pyproject(pyproject: Path) -> dict[str, Any]:
+    """The parsed ``pyproject.toml``, or ``{}``; setuptools has not read its own config yet."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib
     try:
         with pyproject.open("rb") as f:
-            tool = tomllib.load(f).get("tool")
+            return tomllib.load(f)
     except (OSError, ValueError):
-        return None  # not ours to judge: setuptools reports a broken pyproject.toml itself
-    return tool.get("hatch-aoti") if isinstance(tool, dict) else None
+        return {}  # not ours to judge: setuptools reports a broken pyproject.toml itself
+
+
+def _dependencies_dynamic(document: dict[str, Any]) -> bool:
+    """Whether the build may add to the dependencies: PEP 621 makes a ``[project]`` table's
+    ``dependencies`` final unless ``dynamic`` lists them, and installers such as uv resolve from it."""
+    project = document.get("project")
+    if not isinstance(project, dict):
+        return True  # metadata from setup.py or setup.cfg: nothing static for an installer to read
+    dynamic = project.get("dynamic")
+    return isinstance(dynamic, list) and "dependencies" in dynamic
 
 
 def _default(name: str) -> type:
@@ -74,7 +86,9 @@ def _require_torch(dist: Any) -> None:
     requires = list(dist.install_requires or ())
     try:
         settings, version = settings_of(dist), build_torch_version()
-        requirement = torch_to_add(requires, settings, wheel_pins(settings, version).torch, version, can_add=True)
+        requirement = torch_to_add(requires, settings, wheel_pins(settings, version).torch, version,
+                                   can_add=dist.hatch_aoti_can_add_torch,
+                                   alternative='or list "dependencies" in [project] dynamic for hatch-aoti to add it')  # fmt: skip
     except (ConfigError, BuildFailed) as exc:
         raise SetupError(f"hatch-aoti: {exc}") from None
     if requirement is not None and requirement not in requires:
