@@ -68,7 +68,8 @@ if "--hold" in sys.argv:
 
 STAGES = """
 import json, sys, threading, time
-from hatch_aoti import children, coordinator
+from hatch_aoti.build import children
+from hatch_aoti.worker import coordinator
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 peak = [0]
@@ -91,7 +92,7 @@ UNPACK = """
 import sys, threading, time
 from pathlib import Path
 import torch
-from hatch_aoti.artifacts import unpack_pt2
+from hatch_aoti.backends.pt2 import unpack_pt2
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 peak, start = [0], rss()

@@ -41,7 +41,7 @@ def timed_build(project: Path, out: Path, env: dict[str, str], isolated: bool) -
     return wall, cpu / wall
 
 
-PRELOAD = "import os; from hatch_aoti.coordinator import preload_torch; preload_torch(); os._exit(0)"
+PRELOAD = "import os; from hatch_aoti.worker.bootstrap import preload_torch; preload_torch(); os._exit(0)"
 
 
 def timed_preload(env: dict[str, str]) -> float:

@@ -157,9 +157,8 @@ def main() -> None:
             shutil.copyfile(options.loader, site / "callbench" / "compiled.py")
         sys.path.insert(0, str(site))
         import torch
-        from torch.utils.benchmark import Timer
-
         from callbench import compiled, models
+        from torch.utils.benchmark import Timer
 
         torch.set_num_threads(1)
         print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, 1 thread")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "sample_project" / "src"))
 from sample_models.models import build_classifier, build_mlp  # noqa: E402
 
 from hatch_aoti.backends import aoti  # noqa: E402
-from hatch_aoti.cpu_targets import resolve  # noqa: E402
+from hatch_aoti.settings.cpu_targets import resolve  # noqa: E402
 
 MODELS = {"mlp": (build_mlp, torch.randn(4, 128)), "classifier": (build_classifier, torch.rand(8, 3, 16, 16))}
 

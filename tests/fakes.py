@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from hatch_aoti.children import Parent
+from hatch_aoti.build.children import Parent
 
 
 def helper(job: dict, parent: Parent) -> int:

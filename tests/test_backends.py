@@ -112,7 +112,7 @@ def test_the_narrowest_pin_wins() -> None:
 
 def test_precompile_takes_any_range_but_no_rules() -> None:
     from hatch_aoti.backends.precompile import PrecompileBackend
-    from hatch_aoti.config import parse_settings
+    from hatch_aoti.settings.config import parse_settings
 
     table = {"models": {"m": {"factory": "a:b", "backend": "precompile", "inputs": [{"shape": ["n", "k"]}],
                               "dynamic": {"n": {"min": 0, "max": 8}, "k": "2*n"}}}}  # fmt: skip
@@ -122,7 +122,7 @@ def test_precompile_takes_any_range_but_no_rules() -> None:
 
 
 def test_unknown_backends_are_named_with_the_installed_ones() -> None:
-    from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+    from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"backend": "aotx", "models": {"m": {"factory": "a:b", "inputs": [], "backend": "tvm"}}})

@@ -23,7 +23,7 @@ def import_with_store(where: Path, store: Path) -> dict:
         f"""
         import json, sys, traceback
         from pathlib import Path
-        from hatch_aoti.bytecode import install
+        from hatch_aoti.worker.bytecode import install
         install(Path({str(store)!r}))
         sys.path.insert(0, {str(where)!r})
         import demo_mod

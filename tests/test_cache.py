@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import Runtime, build_no_isolation, debug_sections, write_project
 
-from hatch_aoti import cache as cache_mod
-from hatch_aoti.cache import CompileCache
+from hatch_aoti.store import cache as cache_mod
+from hatch_aoti.store.cache import CompileCache
 
 M = "tool.hatch.build.targets.wheel.hooks.aoti.models"
 
@@ -74,7 +74,7 @@ def test_damaged_entry_is_discarded(tmp_path: Path, damage: str) -> None:
 def test_killed_writers_leave_nothing_accepted_and_are_swept(tmp_path: Path) -> None:
     """A killed build's half-written entry is never read, and the next store removes it;
     an entry another live build is writing is left alone."""
-    from hatch_aoti.owned import OwnedDir
+    from hatch_aoti.store.owned import OwnedDir
 
     store = CompileCache(tmp_path / "cache")
     tmp_root = tmp_path / "cache" / "v2" / "tmp"
@@ -127,11 +127,11 @@ def test_the_cap_comes_from_the_environment() -> None:
 def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """HATCH_AOTI_NO_CACHE: the coordinator never computes a key (it costs a pass over the weights)."""
     torch = pytest.importorskip("torch")
-    from hatch_aoti import fingerprint
-    from hatch_aoti.checks import Prepared
-    from hatch_aoti.config import parse_settings
-    from hatch_aoti.coordinator import Coordinator
-    from hatch_aoti.inputs import plan_declared
+    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.worker import fingerprint
+    from hatch_aoti.worker.checks import Prepared
+    from hatch_aoti.worker.coordinator import Coordinator
+    from hatch_aoti.worker.inputs import plan_declared
 
     def no_key(*args, **kwargs):
         raise AssertionError("a key was computed without a cache")
@@ -151,10 +151,10 @@ def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_th
     """Precompiled code names the loader's ``_call``: another loader must not reuse it. An aoti
     library names nothing of the project, so projects share its entries."""
     torch = pytest.importorskip("torch")
-    from hatch_aoti.checks import Prepared
-    from hatch_aoti.config import parse_settings
-    from hatch_aoti.coordinator import Coordinator
-    from hatch_aoti.inputs import plan_declared
+    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.worker.checks import Prepared
+    from hatch_aoti.worker.coordinator import Coordinator
+    from hatch_aoti.worker.inputs import plan_declared
 
     parent = type("Parent", (), {"emit": lambda self, event, **data: None})()
 
@@ -209,7 +209,8 @@ def test_a_cache_others_can_write_is_refused(tmp_path: Path) -> None:
 
 def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first build makes the root 700 before anything (the bytecode store first) writes in it."""
-    from hatch_aoti import bytecode, pipeline
+    from hatch_aoti.build import pipeline
+    from hatch_aoti.worker import bytecode
 
     monkeypatch.setenv("HATCH_AOTI_CACHE_DIR", str(tmp_path / "home" / "cache"))
     old = os.umask(0o002)
@@ -226,8 +227,8 @@ def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatc
 
 
 def test_clean_removes_leftover_staging_not_the_cache_nor_live_builds(tmp_path: Path) -> None:
+    from hatch_aoti.build.pipeline import _stage_prefix, open_stage
     from hatch_aoti.frontends.hatch import AotiBuildHook
-    from hatch_aoti.pipeline import _stage_prefix, open_stage
 
     hook = AotiBuildHook(str(tmp_path), {}, None, None, str(tmp_path / "dist"), "wheel")
     leftover = Path(tempfile.mkdtemp(prefix=_stage_prefix(tmp_path)))  # a killed build's: not locked

@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import run
 
-from hatch_aoti import cache
 from hatch_aoti.cli import calls, main
+from hatch_aoti.store import cache
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_aoti.config import (
+from hatch_aoti.settings.config import (
     HOOK_PATH,
     ConfigError,
     DimSpec,
@@ -171,7 +171,7 @@ def test_low_and_high_do_not_apply_to_bool_inputs() -> None:
 
 
 def test_a_target_the_build_machine_cannot_run_is_refused_before_compiling() -> None:
-    from hatch_aoti.cpu_targets import X86_64_V3, X86_64_V4
+    from hatch_aoti.settings.cpu_targets import X86_64_V3, X86_64_V4
 
     table = {"cpu-target": "x86-64-v4", "models": {"m": {"factory": "a:b", "inputs": []}}}
     with pytest.raises(ConfigError) as info:
@@ -187,7 +187,7 @@ def test_target_settings_written_as_nested_tables_still_conflict() -> None:
 
 
 def test_the_table_path_is_the_one_the_user_wrote() -> None:
-    from hatch_aoti.config import SETUPTOOLS_TABLE
+    from hatch_aoti.settings.config import SETUPTOOLS_TABLE
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"models": {"m": {"factroy": "a:b", "inputs": []}}}, SETUPTOOLS_TABLE)
@@ -195,7 +195,7 @@ def test_the_table_path_is_the_one_the_user_wrote() -> None:
 
 
 def test_torch_requirement_must_allow_the_build_torch() -> None:
-    from hatch_aoti.pipeline import torch_requirement
+    from hatch_aoti.build.pipeline import torch_requirement
 
     def settings(requirement: str | None):
         table = {"models": {"m": {"factory": "a:b", "inputs": []}}}
@@ -213,11 +213,11 @@ def test_torch_requirement_must_allow_the_build_torch() -> None:
 def test_reference_tables_in_the_readme_are_generated_from_the_settings() -> None:
     from pathlib import Path
 
-    from hatch_aoti.docs import reference_tables
+    from hatch_aoti.settings.docs import reference_tables
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     for marker, table in reference_tables().items():
         start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
         assert start in readme, f"README lacks the {marker} table"
         written = readme.split(start, 1)[1].split(end, 1)[0]
-        assert written == table, f"README's {marker} table is stale: run `python -m hatch_aoti.docs --write`"
+        assert written == table, f"README's {marker} table is stale: run `python -m hatch_aoti.settings.docs --write`"

@@ -169,7 +169,7 @@ def test_python_numbers_come_back_as_the_eager_model_returns_them(fidelity: Runt
 def test_verification_compares_types_and_names_the_output() -> None:
     import torch
 
-    from hatch_aoti.verify import compare
+    from hatch_aoti.worker.verify import compare
 
     x = torch.ones(2)
     found = compare("example", {"logits": x, "n": 3}, {"logits": x, "n": torch.tensor(3)}, None, None)
@@ -206,7 +206,7 @@ def test_inputs_are_written_as_eager_writes_them(fidelity: Runtime, fidelity_whe
 def test_verification_compares_the_inputs_after_the_call() -> None:
     import torch
 
-    from hatch_aoti.verify import VerificationFailed, verify_model
+    from hatch_aoti.worker.verify import VerificationFailed, verify_model
 
     def eager(x: Any) -> Any:
         x.mul_(2)
@@ -314,7 +314,7 @@ def test_dims_related_by_a_rule_build_and_are_enforced(fidelity: Runtime, fideli
 
 
 def test_rules_in_the_dynamic_table_are_checked() -> None:
-    from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
+    from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
 
     def problems(dynamic: dict[str, Any]) -> dict[str, str]:
         table = {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, "samples"]}], "dynamic": dynamic}}}
@@ -334,8 +334,8 @@ def test_rules_in_the_dynamic_table_are_checked() -> None:
 
 
 def test_the_relations_torch_suggests_are_read_from_its_message() -> None:
-    from hatch_aoti.config import DimSpec
-    from hatch_aoti.inputs import suggested_rules
+    from hatch_aoti.settings.config import DimSpec
+    from hatch_aoti.worker.inputs import suggested_rules
 
     message = textwrap.dedent("""\
         Constraints violated (samples)! ...
@@ -383,7 +383,7 @@ def test_a_guard_narrower_than_the_region_splits_it() -> None:
     import torch
 
     from hatch_aoti.backends.precompile import _small_sizes_apart, _split
-    from hatch_aoti.inputs import InputPlan
+    from hatch_aoti.worker.inputs import InputPlan
 
     plan = InputPlan(((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}), [], None, {"batch": (1, 64)}, {},
                      [{0: "batch"}, {0: "batch"}])  # fmt: skip
@@ -478,7 +478,7 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler to make the library")
 def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_wheel: tuple[Path, str],
                                                                       runtime: Runtime, tmp_path: Path) -> None:  # fmt: skip
-    from hatch_aoti.platform_tag import torch_symbols
+    from hatch_aoti.build.tagging import torch_symbols
 
     source = tmp_path / "needs.c"
     source.write_text("void aoti_torch_hatch_aoti_missing_v9(void);\nint run(void) { aoti_torch_hatch_aoti_missing_v9(); "

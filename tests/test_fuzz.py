@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hatch_aoti.config import DTYPES, HOOK_PATH, ConfigError, parse_settings
-from hatch_aoti.cpu_targets import X86_64_V4
+from hatch_aoti.settings.config import DTYPES, HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.settings.cpu_targets import X86_64_V4
 
 VALID: dict[str, Any] = {
     "package": "pkg",

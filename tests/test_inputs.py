@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec
-from hatch_aoti.inputs import (
+from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec
+from hatch_aoti.worker.inputs import (
     InputError,
     normalise_samples,
     plan_declared,
@@ -153,7 +153,7 @@ def test_verify_remakes_the_builds_inputs_from_the_manifest() -> None:
     from torch.utils import _pytree as pytree
 
     from hatch_aoti.cli import calls
-    from hatch_aoti.inputs import call_spec, describe_call
+    from hatch_aoti.worker.inputs import call_spec, describe_call
 
     class Model(torch.nn.Module):
         def forward(self, tokens, scale, *, mask):

@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hatch_aoti.config import parse_settings
-from hatch_aoti.fingerprint import cache_key
-from hatch_aoti.inputs import plan_declared
+from hatch_aoti.settings.config import parse_settings
+from hatch_aoti.worker.fingerprint import cache_key
+from hatch_aoti.worker.inputs import plan_declared
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from hatch_aoti.config import HOOK_PATH, ConfigError, parse_settings
-from hatch_aoti.cpu_targets import X86_64_V3, X86_64_V4, default_target, resolve
-from hatch_aoti.platform_tag import ElfNeeds, tag_for
+from hatch_aoti.build.tagging import ElfNeeds, tag_for
+from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.settings.cpu_targets import (
+    X86_64_V3,
+    X86_64_V4,
+    default_target,
+    resolve,
+)
 
 GOMP = {"libgomp.so.1": {"GOMP_4.0", "OMP_1.0", "GOMP_1.0"}, "libtorch_cpu.so": set()}
 
@@ -51,7 +56,7 @@ def test_libraries_must_be_allowed_or_shipped_by_torch() -> None:
 
 
 def test_real_libraries_of_this_torch() -> None:
-    from hatch_aoti.platform_tag import torch_libraries
+    from hatch_aoti.build.tagging import torch_libraries
 
     torch = pytest.importorskip("torch")
     provided = torch_libraries(Path(torch.__file__).parent / "lib")
@@ -152,14 +157,15 @@ def test_wheel_defaults_then_target_then_user_configs() -> None:
 
 
 def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hatch_aoti import __version__, fingerprint
+    from hatch_aoti import __version__
+    from hatch_aoti.worker import fingerprint
 
     fingerprint.own_identity.cache_clear()
     before = fingerprint.own_identity()
     assert before.split()[0] == __version__ and len(before.split()[1]) == 64
     templates = tmp_path / "templates"
     shutil.copytree(REPO / "templates", templates)
-    monkeypatch.setattr("hatch_aoti.artifacts.template_path", lambda name="compiled.py": templates / name)
+    monkeypatch.setattr("hatch_aoti.build.artifacts.template_path", lambda name="compiled.py": templates / name)
     fingerprint.own_identity.cache_clear()
     (templates / "compiled.py").write_text((templates / "compiled.py").read_text() + "\n# changed\n")
     try:

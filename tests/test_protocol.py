@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hatch_aoti.children import Child, watch
-from hatch_aoti.config import ConfigError, parse_settings
-from hatch_aoti.pipeline import BuildFailed, Coordination, Reporter
-from hatch_aoti.pool import Helpers, Task, shares
+from hatch_aoti.build.children import Child, watch
+from hatch_aoti.build.pipeline import BuildFailed, Coordination, Reporter
+from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.worker.helpers import Helpers, Task, shares
 
 FAKES = [sys.executable, str(Path(__file__).with_name("fakes.py"))]
 
@@ -132,7 +132,7 @@ def test_a_child_ends_with_everything_it_started_when_its_parent_goes(tmp_path: 
 
 
 def test_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hatch_aoti.pipeline import jobs_from_env
+    from hatch_aoti.build.pipeline import jobs_from_env
 
     monkeypatch.setenv("HATCH_AOTI_JOBS", "3")
     assert jobs_from_env() == 3

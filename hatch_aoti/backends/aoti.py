@@ -7,9 +7,13 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hatch_aoti.backends import Backend, Request
+from hatch_aoti.backends.interface import Backend, Request
+
+if TYPE_CHECKING:
+    from hatch_aoti.settings.config import ModelSpec
+    from hatch_aoti.settings.cpu_targets import CpuTarget
 
 
 class AotiBackend(Backend):
@@ -18,7 +22,7 @@ class AotiBackend(Backend):
     name = "aoti"
     in_helpers = True
 
-    def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], target: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         mapped = MAPPED_WEIGHTS if spec.weights == "mapped" and spec.device == "cpu" else {}
         return inductor_configs({**mapped, **user_configs}, target)
 
@@ -47,7 +51,7 @@ WHEEL_DEFAULTS: dict[str, Any] = {
 }
 
 
-def inductor_configs(user_configs: dict[str, Any], target: Any) -> dict[str, Any]:
+def inductor_configs(user_configs: dict[str, Any], target: CpuTarget) -> dict[str, Any]:
     """The settings a model compiles with: wheel defaults, then its CPU target's, then the user's."""
     import torch._inductor.config
 
@@ -71,7 +75,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     import torch._inductor
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    from hatch_aoti.artifacts import unpack_pt2
+    from hatch_aoti.backends.pt2 import unpack_pt2
 
     use_header_store()
     pt2, inductor = work / "model.pt2", work / "inductor"

@@ -15,15 +15,19 @@ import platform
 import re
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hatch_aoti.backends import Backend, Pins, Request
+from hatch_aoti.backends.interface import Backend, Pins, Request
+
+if TYPE_CHECKING:
+    from hatch_aoti.settings.config import ModelSpec
+    from hatch_aoti.settings.cpu_targets import CpuTarget
 
 
 class PrecompileBackend(Backend):
     name = "precompile"
 
-    def settings(self, user_configs: dict[str, Any], target: Any, spec: Any) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], target: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         from hatch_aoti.backends.aoti import inductor_configs
 
         return inductor_configs(user_configs, target)
@@ -31,7 +35,7 @@ class PrecompileBackend(Backend):
     def key(self) -> dict[str, Any]:
         return {"python": platform.python_version()}
 
-    def check(self, spec: Any) -> list[tuple[str, str]]:
+    def check(self, spec: ModelSpec) -> list[tuple[str, str]]:
         problems = [
             (f"{spec.path}.dynamic.{name}", f"is the rule {rule!r}, which the precompile backend cannot compile "
              "(Dynamo takes bounds, not rules): use the aoti backend for this model")
@@ -49,7 +53,7 @@ class PrecompileBackend(Backend):
         import torch
         from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-        from hatch_aoti.artifacts import sha256
+        from hatch_aoti.build.artifacts import sha256
 
         call = importlib.import_module(request.loader)._call
         inductor = request.work / "inductor"
@@ -153,9 +157,8 @@ def _split(box: Box, exc: Exception, plan: Any) -> list[Box] | None:
 
 def _sources(plan: Any) -> dict[tuple[str, str, int], str]:
     """Dynamo's name of each dynamic axis (``L['args'][0].size()[0]``, as parts) -> the dim's name."""
-    from torch.utils import _pytree as pytree
-
     import torch
+    from torch.utils import _pytree as pytree
 
     paths = [p for p, leaf in pytree.tree_flatten_with_path(plan.export_sample)[0] if isinstance(leaf, torch.Tensor)]
     out = {}
@@ -172,7 +175,7 @@ def _marked(plan: Any, box: dict[str, list[int]]) -> tuple[tuple[Any, ...], dict
     import torch
     from torch.utils import _pytree as pytree
 
-    from hatch_aoti.inputs import resized
+    from hatch_aoti.worker.inputs import resized
 
     leaves, spec = pytree.tree_flatten(resized(plan, {name: low for name, (low, _) in box.items()}))
     position = 0

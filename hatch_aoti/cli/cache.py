@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti import cache
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import CliError
+from hatch_aoti.store import cache
 
 
 def store(max_size: str | None = None) -> cache.CompileCache:
@@ -33,10 +33,10 @@ def info(out: Output) -> int:
     compile_cache = store()
     now = time.time()
     entries = [_describe(d, r, now - used) for d, r, used in sorted(compile_cache.records(), key=lambda x: -x[2])]
-    bytecode = _usage(compile_cache.root / "bytecode")
+    bytecode = _usage(compile_cache.root / cache.BYTECODE_DIR)
     data = {"root": str(compile_cache.root), "untrusted": cache.untrusted(compile_cache.root),
             "max_size": compile_cache.max_size, "size": sum(e["size"] for e in entries), "entries": entries,
-            "bytecode": {"path": str(compile_cache.root / "bytecode"), **bytecode}}  # fmt: skip
+            "bytecode": {"path": str(compile_cache.root / cache.BYTECODE_DIR), **bytecode}}  # fmt: skip
     out.data(data)
     if out.json:
         return 0
@@ -66,7 +66,7 @@ def prune(out: Output, max_size: str | None) -> int:
 def clear(out: Output) -> int:
     compile_cache = store()
     removed, in_use = compile_cache.clear()
-    bytecode = compile_cache.root / "bytecode"
+    bytecode = compile_cache.root / cache.BYTECODE_DIR
     freed = _usage(bytecode)
     shutil.rmtree(bytecode, ignore_errors=True)
     data = {"root": str(compile_cache.root), "removed": [p.name for p in removed], "in_use": [p.name for p in in_use],

@@ -1,6 +1,6 @@
 """Inputs for a compiled model, made from its manifest entry alone (no factory, no samples).
 
-The cases are those the build verified, at its sizes; :mod:`hatch_aoti.generate` remakes
+The cases are those the build verified, at its sizes; :mod:`hatch_aoti.worker.generate` remakes
 its generated inputs exactly (each case's seed, each leaf's value range), and makes the
 rest where the build verified the project's own samples. A model built without
 verification is tried at its example size and at both ends of each dynamic dim's range.
@@ -102,7 +102,7 @@ def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: i
     inputs where ``seed`` is the case's."""
     from torch.utils import _pytree as pytree
 
-    from hatch_aoti import generate
+    from hatch_aoti.worker import generate
 
     gen = generate.generator(seed or 0)
     leaves = [leaf["const"] if "const" in leaf else generate.tensor(_shape(leaf, sizes), leaf["dtype"], leaf["device"],
@@ -141,7 +141,7 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict
     (outputs, and the inputs after the call: each runs on its own copy)."""
     import torch
 
-    from hatch_aoti.verify import compare, copied
+    from hatch_aoti.worker.verify import compare, copied
 
     result: dict[str, Any] = {"case": case.label, "inputs": describe(entry, case.sizes),
                               "the_builds_inputs": case.seed is not None}  # fmt: skip

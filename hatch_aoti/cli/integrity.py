@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.artifacts import ARTIFACT_DIR, sha256
+from hatch_aoti.build.artifacts import ARTIFACT_DIR, sha256
 from hatch_aoti.cli.target import Target
 
 

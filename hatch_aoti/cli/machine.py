@@ -39,7 +39,7 @@ def torch_problem(target: Target) -> str | None:
 
 def cpu_problem(entry: dict[str, Any]) -> str | None:
     """Why this CPU cannot run the model (architecture, missing instructions); ``None`` if it can."""
-    from hatch_aoti.cpu_targets import host_flags
+    from hatch_aoti.settings.cpu_targets import host_flags
 
     cpu, machine = entry["cpu"], os.uname().machine
     if cpu["arch"] != machine:

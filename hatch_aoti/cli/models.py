@@ -37,7 +37,7 @@ def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any
 
 def eager(target: Target, name: str) -> Any:
     """The eager module, from the factory the manifest names, imported from the target."""
-    from hatch_aoti.checks import resolve, short_exception
+    from hatch_aoti.worker.checks import resolve, short_exception
 
     entry = target.model(name)
     factory = entry.get("factory")

@@ -55,6 +55,6 @@ class Output:
 
 
 def human_size(size: int | None) -> str:
-    from hatch_aoti.cache import human
+    from hatch_aoti.store.cache import human
 
     return "?" if size is None else human(size)

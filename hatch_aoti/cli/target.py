@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hatch_aoti.artifacts import ARTIFACT_DIR, MANIFEST
+from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST
 
 
 class CliError(Exception):
@@ -125,7 +125,11 @@ def open_target(text: str, extract: bool = True) -> Iterator[Target]:
 
 def newest_wheel(project: Path) -> Path:
     """The newest wheel in ``dist/`` of the project (by its name in ``pyproject.toml``, where it has one)."""
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.utils import (
+        InvalidWheelFilename,
+        canonicalize_name,
+        parse_wheel_filename,
+    )
 
     name = _project_name(project)
     wheels = []
@@ -304,7 +308,7 @@ CPU_KEYS = {"arch": str, "target": str, "features": list}
 
 def manifest_problem(manifest: Any) -> str | None:
     """What makes a manifest unusable here, or ``None``: the commands can then index it freely."""
-    from hatch_aoti.artifacts import MANIFEST_FORMAT
+    from hatch_aoti.build.artifacts import MANIFEST_FORMAT
 
     if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), dict):
         return "has no `models` table"

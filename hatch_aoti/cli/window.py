@@ -23,6 +23,7 @@ from typing import Any
 from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import CliError, Target
 
+
 def run(target: Target, out: Output, versions: list[str], envs: Path | None) -> int:
     if target.kind != "wheel":
         raise CliError(f"--torch installs the wheel into environments of its own: give a wheel file, not {target.where}")

@@ -22,7 +22,7 @@ RESERVED_KEYS = frozenset(
 
 def hook_settings(config: dict[str, Any]) -> Any:
     """The hook table's settings (keys hatchling reads itself left out)."""
-    from hatch_aoti.config import HATCH_TABLE, parse_settings
+    from hatch_aoti.settings.config import HATCH_TABLE, parse_settings
 
     return parse_settings({k: v for k, v in config.items() if k not in RESERVED_KEYS}, HATCH_TABLE)
 
@@ -37,8 +37,8 @@ class AotiBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        from hatch_aoti.config import ConfigError
-        from hatch_aoti.pipeline import BuildFailed
+        from hatch_aoti.build.pipeline import BuildFailed
+        from hatch_aoti.settings.config import ConfigError
 
         try:
             self._build(version, build_data)
@@ -55,7 +55,7 @@ class AotiBuildHook(BuildHookInterface):
 
     def clean(self, versions: list[str]) -> None:
         """``hatch build --clean``: remove staging left by killed builds of this project (not the cache)."""
-        from hatch_aoti.pipeline import clean_stages
+        from hatch_aoti.build.pipeline import clean_stages
 
         clean_stages(Path(self.root))
 
@@ -65,7 +65,7 @@ class AotiBuildHook(BuildHookInterface):
             self._stage = None
 
     def _build(self, version: str, build_data: dict[str, Any]) -> None:
-        from hatch_aoti import pipeline
+        from hatch_aoti.build import pipeline
 
         settings = hook_settings(self.config)
         torch_version = pipeline.build_torch_version()
@@ -80,7 +80,7 @@ class AotiBuildHook(BuildHookInterface):
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged.package)
             return
-        from hatch_aoti.artifacts import ARTIFACT_DIR
+        from hatch_aoti.build.artifacts import ARTIFACT_DIR
 
         dist_dir = package.replace(".", "/")
         loader_file = f"{settings.loader}.py"
@@ -91,7 +91,7 @@ class AotiBuildHook(BuildHookInterface):
 
     def _find_package(self, settings: Any) -> tuple[str, Path]:
         """The package receiving the loader, and the directory to import it from."""
-        from hatch_aoti.pipeline import BuildFailed
+        from hatch_aoti.build.pipeline import BuildFailed
 
         top: dict[str, Path] = {}
         included_paths = set()
@@ -123,7 +123,7 @@ class AotiBuildHook(BuildHookInterface):
         ``.pth``-registered finder maps ``<package>.<loader>`` there. Rebuild (reinstall)
         after changing a model, as with any compiled extension.
         """
-        from hatch_aoti.artifacts import editable_files
+        from hatch_aoti.build.artifacts import editable_files
 
         include = build_data["force_include_editable"]
         if not include:

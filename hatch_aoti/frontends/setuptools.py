@@ -69,7 +69,11 @@ def _default(name: str) -> type:
 def settings_of(dist: Any) -> Any:
     """The table's settings, read once per build; problems end the build without a traceback."""
     if not hasattr(dist, "hatch_aoti_settings"):
-        from hatch_aoti.config import SETUPTOOLS_TABLE, ConfigError, parse_settings
+        from hatch_aoti.settings.config import (
+            SETUPTOOLS_TABLE,
+            ConfigError,
+            parse_settings,
+        )
 
         try:
             dist.hatch_aoti_settings = parse_settings(dist.hatch_aoti_table, SETUPTOOLS_TABLE)
@@ -80,8 +84,13 @@ def settings_of(dist: Any) -> Any:
 
 def _require_torch(dist: Any) -> None:
     """Add the torch the models were compiled for to the wheel's ``Requires-Dist``."""
-    from hatch_aoti.config import ConfigError
-    from hatch_aoti.pipeline import BuildFailed, build_torch_version, torch_to_add, wheel_pins
+    from hatch_aoti.build.pipeline import (
+        BuildFailed,
+        build_torch_version,
+        torch_to_add,
+        wheel_pins,
+    )
+    from hatch_aoti.settings.config import ConfigError
 
     requires = list(dist.install_requires or ())
     try:
@@ -138,8 +147,8 @@ class build_aoti(Command):
         self.set_undefined_options("build_py", ("build_lib", "build_lib"))
 
     def run(self) -> None:
-        from hatch_aoti import pipeline
-        from hatch_aoti.config import ConfigError
+        from hatch_aoti.build import pipeline
+        from hatch_aoti.settings.config import ConfigError
 
         settings = settings_of(self.distribution)
         root = Path(self.distribution.src_root or os.curdir).absolute()
@@ -163,7 +172,7 @@ class build_aoti(Command):
 
     def _place(self, staged: Any, package: str, loader: str, stage: Path) -> None:
         """The loader and artifacts into ``build_lib``, or, for an editable install, beside the source tree."""
-        from hatch_aoti.artifacts import editable_files
+        from hatch_aoti.build.artifacts import editable_files
 
         if self.editable_mode:  # setuptools puts what `install` holds into the editable wheel as is
             target = Path(self.get_finalized_command("install").install_lib)
@@ -180,7 +189,7 @@ class build_aoti(Command):
 
     def _package(self, settings: Any, root: Path) -> tuple[str, Path]:
         """The package receiving the loader, and the directory its top-level package imports from."""
-        from hatch_aoti.pipeline import BuildFailed
+        from hatch_aoti.build.pipeline import BuildFailed
 
         dist = self.distribution
         top = sorted({p.split(".")[0] for p in dist.packages or ()})

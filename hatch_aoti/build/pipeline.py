@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.children import Child, watch
-from hatch_aoti.config import ConfigError, Settings
-from hatch_aoti.owned import OwnedDir, sweep
+from hatch_aoti.build.children import Child, watch
+from hatch_aoti.settings.config import ConfigError, Settings
+from hatch_aoti.store.owned import OwnedDir, sweep
 
 ENV_JOBS = "HATCH_AOTI_JOBS"
 
@@ -96,7 +96,7 @@ def clean_stages(root: Path) -> list[Path]:
 
 def build(settings: Settings, project: Project, stage: Path, report: Reporter, *, editable: bool = False) -> Staged:
     """Check, export, compile and verify every model into ``stage/package``."""
-    from hatch_aoti import platform_tag as tagging
+    from hatch_aoti.build import tagging
 
     torch_version = build_torch_version()
     pins = wheel_pins(settings, torch_version)
@@ -145,7 +145,7 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
     an exact pin, and must allow the build's torch.
     """
     from hatch_aoti import backends
-    from hatch_aoti.platform_tag import torch_requirement as series
+    from hatch_aoti.build.tagging import torch_requirement as series
 
     used: dict[str, backends.Backend] = {}
     for name in dict.fromkeys(m.backend for m in settings.models):
@@ -167,7 +167,7 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
 
 def torch_requirement(settings: Settings, torch_version: str) -> str:
     """``Requires-Dist`` for torch: the user's, if it allows the build's torch, else ``torch==X.Y.*``."""
-    from hatch_aoti.platform_tag import torch_requirement as series
+    from hatch_aoti.build.tagging import torch_requirement as series
     from packaging.requirements import Requirement
 
     if settings.torch_requirement is None:
@@ -253,7 +253,7 @@ def jobs_from_env() -> int:
 
 def usable_cache(report: Reporter) -> Any:
     """The compile cache, or ``None`` if disabled or not to be trusted (with a warning)."""
-    from hatch_aoti import cache
+    from hatch_aoti.store import cache
 
     try:
         store = cache.from_env()
@@ -279,8 +279,8 @@ def _tag(package: Path) -> tuple[str, str | None]:
     shipped), the platform torch's own wheel was built for: the artifacts run where it does."""
     from elftools.common.exceptions import ELFError
 
-    from hatch_aoti import platform_tag as tagging
-    from hatch_aoti.artifacts import ARTIFACT_DIR
+    from hatch_aoti.build import tagging
+    from hatch_aoti.build.artifacts import ARTIFACT_DIR
 
     libraries = sorted((package / ARTIFACT_DIR).rglob("*.so"))
     if not libraries:
@@ -309,7 +309,7 @@ class Coordination:
     stage: Path
     settings: Settings
     report: Reporter
-    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "hatch_aoti.coordinator"])
+    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "hatch_aoti.worker.coordinator"])
     problems: list[tuple[str, str]] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
     built: set[str] = field(default_factory=set)

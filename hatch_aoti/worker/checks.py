@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hatch_aoti.config import ModelSpec
+from hatch_aoti.settings.config import ModelSpec
 
 Problem = tuple[str, str]
 
@@ -27,7 +27,7 @@ class Prepared:
     spec: ModelSpec
     module: Any
     plan: Any
-    """An :class:`hatch_aoti.inputs.InputPlan`."""
+    """An :class:`hatch_aoti.worker.inputs.InputPlan`."""
     user_configs: dict[str, Any] = field(default_factory=dict)
     """The model's ``inductor-configs`` with nested tables flattened to dotted names."""
     mutated: frozenset[str] = frozenset()
@@ -117,7 +117,7 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
 
 def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Callable[[ModelSpec], Any] | None:
     """A function from the model's spec to its input plan; for ``example-inputs``, the samples are made once."""
-    from hatch_aoti import inputs
+    from hatch_aoti.worker import inputs
 
     if spec.example_inputs is None:
         return lambda spec: inputs.plan_declared(spec, params)
@@ -144,7 +144,7 @@ def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Cal
 
 
 def _plan(spec: ModelSpec, replan: Callable[[ModelSpec], Any] | None, problems: list[Problem]) -> Any:
-    from hatch_aoti import inputs
+    from hatch_aoti.worker import inputs
 
     if replan is None:
         return None

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hatch_aoti.inputs import default_tolerances
+from hatch_aoti.worker.inputs import default_tolerances
 
 
 @dataclass

@@ -93,7 +93,7 @@ def compiler_identity() -> str:
 
 def host_cpu() -> str:
     """Machine and ISA flags; the compiled code depends on them when it targets the build CPU."""
-    from hatch_aoti.cpu_targets import host_flags
+    from hatch_aoti.settings.cpu_targets import host_flags
 
     return f"{platform.machine()} {' '.join(sorted(host_flags()))}"
 
@@ -106,9 +106,9 @@ def own_identity() -> str:
     same number) reuse entries made by different code.
     """
     from hatch_aoti import __version__
-    from hatch_aoti.artifacts import template_path
+    from hatch_aoti.build.artifacts import template_path
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted([*package.rglob("*.py"), *template_path().parent.glob("*.py")]):
         digest.update(f"{path.relative_to(path.parent.parent).as_posix()}\n".encode())

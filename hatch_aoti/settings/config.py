@@ -298,7 +298,7 @@ def _at_least_zero(value: float, path: str, problems: Problems) -> Any:
 
 
 def _cpu_target(value: str, path: str, problems: Problems) -> Any:
-    from hatch_aoti.cpu_targets import CHOICES
+    from hatch_aoti.settings.cpu_targets import CHOICES
 
     if value in CHOICES:
         return value
@@ -319,7 +319,7 @@ def _weights(value: str, path: str, problems: Problems) -> Any:
 
 
 def _backend(value: str, path: str, problems: Problems) -> Any:
-    from hatch_aoti.backends import known
+    from hatch_aoti.backends.interface import known
 
     names = known()
     if value in names:
@@ -595,7 +595,7 @@ def parse_settings(
     ``machine`` and ``flags`` (``os.uname().machine`` and the CPU's feature flags) are
     the build machine's unless given.
     """
-    from hatch_aoti.cpu_targets import default_target, host_flags
+    from hatch_aoti.settings.cpu_targets import default_target, host_flags
 
     problems = Problems()
     parsed: Table | None = read(Table, raw, table, problems)
@@ -631,7 +631,7 @@ def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[s
 
     Works on the raw table so that these problems are listed beside any others.
     """
-    from hatch_aoti.cpu_targets import CHOICES, NATIVE, OWNED_CONFIGS
+    from hatch_aoti.settings.cpu_targets import CHOICES, NATIVE, OWNED_CONFIGS
 
     def valid(value: Any) -> str | None:
         return value if isinstance(value, str) and value in CHOICES else None
@@ -659,7 +659,7 @@ def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[s
 
 def _check_target(name: str, path: str, machine: str, flags: set[str], problems: Problems) -> None:
     """A target runs only on its architecture, and is verified only on a CPU that has its features."""
-    from hatch_aoti.cpu_targets import TARGETS
+    from hatch_aoti.settings.cpu_targets import TARGETS
 
     if name not in TARGETS:
         return

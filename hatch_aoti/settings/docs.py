@@ -1,6 +1,6 @@
 """The README's configuration reference, generated from the settings classes in ``config.py``.
 
-``python -m hatch_aoti.docs`` prints the tables; ``--write`` puts them into README.md
+``python -m hatch_aoti.settings.docs`` prints the tables; ``--write`` puts them into README.md
 between their markers. A test checks that the README matches.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hatch_aoti.config import DimSpec, ModelTable, Table, TensorSpec, reference
+from hatch_aoti.settings.config import DimSpec, ModelTable, Table, TensorSpec, reference
 
 TABLES = {"config:table": Table, "config:model": ModelTable, "config:input": TensorSpec, "config:dim": DimSpec}
 

@@ -31,13 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.artifacts import file_hashes, sha256
-from hatch_aoti.owned import OwnedDir, sweep
+from hatch_aoti.build.artifacts import file_hashes, sha256
+from hatch_aoti.store.owned import OwnedDir, sweep
 
 FORMAT = "v2"
 ENV_DIR = "HATCH_AOTI_CACHE_DIR"
 ENV_DISABLE = "HATCH_AOTI_NO_CACHE"
 ENV_MAX_SIZE = "HATCH_AOTI_CACHE_MAX_SIZE"
+#: Under the cache root: compiled code of the worker's imports (``hatch_aoti.worker.bytecode``).
+BYTECODE_DIR = "bytecode"
 #: Room for a few models of several GB each, or hundreds of small ones.
 DEFAULT_MAX_SIZE = 20 * 2**30
 _WRITING = "entry-"

@@ -1,6 +1,6 @@
 """The coordinator: the one process of a build that imports torch and the project's models.
 
-Run as ``python -m hatch_aoti.coordinator JOB`` by the build backend (``pipeline.py``):
+Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``pipeline.py``):
 1. check every model before anything is exported; any problem ends the build, all of them listed;
 2. export each model and key it from the exported program; cache hits go straight to the staged package;
 3. compile the misses: one share here, the others in compile helpers started for them (``pool.py``);
@@ -20,52 +20,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.cache import NoSpace, out_of_space
-from hatch_aoti.checks import Prepared, check_model
-from hatch_aoti.children import Parent
-from hatch_aoti.config import ModelSpec
-from hatch_aoti.pool import Helpers, Outcome, Task, shares
-
-#: Under the cache root: compiled code of the coordinator's imports (see ``bytecode.py``).
-BYTECODE_DIR = "bytecode"
+from hatch_aoti.build.children import Parent
+from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.store.cache import NoSpace, out_of_space
+from hatch_aoti.worker.bootstrap import setup
+from hatch_aoti.worker.checks import Prepared, check_model
+from hatch_aoti.worker.helpers import Helpers, Outcome, Task, shares
 
 
 class ModelFailure(Exception):
     def __init__(self, stage: str, message: str) -> None:
         self.stage = stage
         super().__init__(message)
-
-
-def setup(job: dict[str, Any]) -> None:
-    """What every build process does first: the project's import paths, the bytecode store, torch."""
-    for entry in reversed(job["sys_path"]):
-        sys.path.insert(0, entry)
-    if job.get("cache"):
-        from hatch_aoti.bytecode import install
-
-        install(Path(job["cache"]) / BYTECODE_DIR)
-    preload_torch()
-
-
-def preload_torch() -> None:
-    """Import torch and its export machinery with the cycle collector paused.
-
-    These imports build a large, long-lived object graph and almost no garbage, yet the
-    collector keeps walking it while they run: paused, they take about a fifth less
-    time, and on a cached rebuild they are most of the build. Afterwards the imported
-    objects are frozen out of later collections, which also helps export and compile.
-    User code runs only after this, with the collector back on.
-    """
-    gc.disable()
-    try:
-        import torch  # noqa: F401
-
-        with contextlib.suppress(ImportError):  # loaded by torch.export.export's first call anyway
-            importlib.import_module("torch.export._trace")
-    finally:
-        gc.freeze()
-        gc.enable()
-
 
 class Miss:
     """A model that was exported and keyed but is not in the cache."""
@@ -80,8 +46,8 @@ class Miss:
 
 class Coordinator:
     def __init__(self, job: dict[str, Any], parent: Parent) -> None:
-        from hatch_aoti.artifacts import ARTIFACT_DIR
-        from hatch_aoti.cache import CompileCache
+        from hatch_aoti.build.artifacts import ARTIFACT_DIR
+        from hatch_aoti.store.cache import CompileCache
 
         self.job, self.emit = job, parent.emit
         self.stage = Path(job["stage"])
@@ -114,9 +80,9 @@ class Coordinator:
 
     def export_and_look_up(self, model: Prepared) -> Miss | None:
         from hatch_aoti import backends
-        from hatch_aoti.cpu_targets import resolve
-        from hatch_aoti.fingerprint import cache_key
-        from hatch_aoti.inputs import call_spec, describe_call, describe_outputs
+        from hatch_aoti.settings.cpu_targets import resolve
+        from hatch_aoti.worker.fingerprint import cache_key
+        from hatch_aoti.worker.inputs import call_spec, describe_call, describe_outputs
 
         spec, start = model.spec, time.perf_counter()
         self.emit("stage", model=spec.name, stage="export")
@@ -183,7 +149,7 @@ class Coordinator:
         """The model's plan again with the rules torch suggests; False where there are none to apply, or
         its backend cannot take them, or they do not fit its samples."""
         from hatch_aoti import backends
-        from hatch_aoti.inputs import suggested_rules
+        from hatch_aoti.worker.inputs import suggested_rules
 
         rules = suggested_rules(message, set(model.plan.dims), model.plan.rules)
         if rules is None or model.replan is None:
@@ -313,7 +279,7 @@ class Coordinator:
                 self.emit("warning", message=f"{miss.name}: could not write the compile cache ({exc})")
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
-        from hatch_aoti.verify import VerificationFailed, verify_model
+        from hatch_aoti.worker.verify import VerificationFailed, verify_model
 
         spec = miss.model.spec
         if not spec.verify:
@@ -346,7 +312,7 @@ class Coordinator:
         """The staged loader and manifest, for ``models``; a model's factory is added here, not cached
         (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
-        from hatch_aoti.artifacts import write_loader, write_runtime
+        from hatch_aoti.build.artifacts import write_loader, write_runtime
 
         manifest = {
             "hatch_aoti": __version__, "torch": _torch_version(), "package": self.job["package"],
@@ -372,7 +338,7 @@ class Coordinator:
 
 def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """Inputs at both ends of every compiled region of sizes (an unbounded end: 2 * its start + 1)."""
-    from hatch_aoti.inputs import resized
+    from hatch_aoti.worker.inputs import resized
 
     out = []
     for region in regions:
@@ -390,7 +356,7 @@ def _single(dims: dict[str, list[Any]]) -> bool:
 
 def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
     """``info()["dynamic"]``: each dim's range, and a derived one's rule (``"rule": "320*frames"``)."""
-    from hatch_aoti.inputs import rule_text
+    from hatch_aoti.worker.inputs import rule_text
 
     out: dict[str, dict[str, Any]] = {name: {"min": lo, "max": hi} for name, (lo, hi) in plan.dims.items()}
     for name, rule in plan.rules.items():
@@ -400,7 +366,7 @@ def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
 
 def shipped_files(directory: Path, entry: dict[str, Any]) -> dict[str, str]:
     """sha256 of each of a model's files, reusing the digests its backend already made."""
-    from hatch_aoti.artifacts import file_hashes
+    from hatch_aoti.build.artifacts import file_hashes
 
     weights = entry.get("weights", {})
     known = {entry.get("file"): entry.get("sha256"), weights.get("file"): weights.get("sha256")}
@@ -488,6 +454,6 @@ def run(job: dict[str, Any], parent: Parent) -> int:
 
 
 if __name__ == "__main__":
-    from hatch_aoti.children import child_main
+    from hatch_aoti.build.children import child_main
 
     child_main(run)

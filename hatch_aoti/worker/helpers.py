@@ -1,7 +1,7 @@
 """Compile helpers: processes that compile saved exported programs for the coordinator.
 
 The coordinator keeps one share of the cache misses and hands each other share to a
-helper started for it (``python -m hatch_aoti.pool JOB``). A helper never runs the
+helper started for it (``python -m hatch_aoti.worker.helpers JOB``). A helper never runs the
 project's code beyond importing the factories' modules (custom ops register there): it
 loads each program, compiles it, reports it, and exits. A helper that dies fails the
 models it had not reported, and only those.
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.children import Child, Parent, watch
+from hatch_aoti.build.children import Child, Parent, watch
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Helpers:
 
     def __init__(self, stage: Path, job: dict[str, Any], argv: list[str] | None = None) -> None:
         self._stage, self._job = stage, job
-        self._argv = argv or [sys.executable, "-m", "hatch_aoti.pool"]
+        self._argv = argv or [sys.executable, "-m", "hatch_aoti.worker.helpers"]
         self._children: dict[int, tuple[Child, list[str]]] = {}
 
     def start(self, groups: list[list[Task]]) -> None:
@@ -98,7 +98,7 @@ class Helpers:
 
 def run(job: dict[str, Any], parent: Parent) -> int:
     """The helper process: compile each task's program and report it."""
-    from hatch_aoti.coordinator import setup
+    from hatch_aoti.worker.bootstrap import setup
 
     setup(job)
     import importlib
@@ -125,7 +125,7 @@ def run(job: dict[str, Any], parent: Parent) -> int:
 
 
 def _why(task: Task, exc: Exception, work: Path) -> str:
-    from hatch_aoti.cache import NoSpace, out_of_space
+    from hatch_aoti.store.cache import NoSpace, out_of_space
 
     if out_of_space(exc):  # the weights twice: Inductor's package, then unpacked
         return str(NoSpace(work, 2 * Path(task.program).stat().st_size))
@@ -133,6 +133,6 @@ def _why(task: Task, exc: Exception, work: Path) -> str:
 
 
 if __name__ == "__main__":
-    from hatch_aoti.children import child_main
+    from hatch_aoti.build.children import child_main
 
     child_main(run)

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hatch_aoti import generate
-from hatch_aoti.config import DimSpec, ModelSpec, TensorSpec, parse_rule
+from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec, parse_rule
+from hatch_aoti.worker import generate
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -47,7 +47,7 @@ class InputPlan:
     values: list[tuple[float | None, float | None]] = field(default_factory=list)
     """Per tensor input: the (low, high) of generated values, ``None`` for the generator's default."""
     seed: int | None = None
-    """The seed :mod:`hatch_aoti.generate` made the verification samples from; ``None`` for the project's own."""
+    """The seed :mod:`hatch_aoti.worker.generate` made the verification samples from; ``None`` for the project's own."""
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -476,7 +476,13 @@ def _bounds(exported: Any, symbol: Any) -> tuple[int, int | None]:
 def describe_outputs(exported: Any) -> list[dict[str, Any]]:
     """What kind each flattened output is: the runner returns a 0-d tensor where eager returns a
     Python number, so the loader converts those back; constants are returned as they were."""
-    from torch.export.graph_signature import ConstantArgument, OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
+    from torch.export.graph_signature import (
+        ConstantArgument,
+        OutputKind,
+        SymBoolArgument,
+        SymFloatArgument,
+        SymIntArgument,
+    )
 
     kinds = {SymIntArgument: "int", SymFloatArgument: "float", SymBoolArgument: "bool"}
     out: list[dict[str, Any]] = []

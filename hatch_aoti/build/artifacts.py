@@ -1,0 +1,79 @@
+"""The wheel's own files: the artifact directory, the manifest, the loader and its templates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+ARTIFACT_DIR = "_aoti"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 2
+
+
+
+def template_path(name: str = "compiled.py") -> Path:
+    """A template: the copy shipped as package data (``hatch_aoti/templates``), or in a checkout,
+    where the package is the source tree, ``templates/`` beside it."""
+    from importlib import resources
+
+    shipped = resources.files("hatch_aoti").joinpath("templates", name)
+    path = Path(str(shipped)) if shipped.is_file() else Path(__file__).resolve().parents[2] / "templates" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"hatch-aoti is installed without its template templates/{name}")
+    return path
+
+
+def editable_finder(module: str, file: str) -> str:
+    """Source of the finder that maps ``module`` to ``file`` (relative to site-packages)."""
+    text = template_path("editable_finder.py").read_text(encoding="utf-8")
+    return text.replace("{{module}}", module).replace("{{file}}", file)
+
+
+def write_runtime(package_dir: Path, backend: str, source: Path) -> None:
+    """Ship a backend's run-time module as ``_aoti/runtime/<backend>.py`` (see ``hatch_aoti.backends``)."""
+    dest = package_dir / ARTIFACT_DIR / "runtime" / f"{backend}.py"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, dest)
+    dest.chmod(0o644)
+
+
+def editable_files(package: str, loader: str, staged: Path, stage: Path) -> dict[Path, str]:
+    """What an editable install adds to site-packages, by source: the staged package as
+    ``_hatch_aoti_<package>/``, and a ``.pth``-imported finder mapping ``<package>.<loader>`` there."""
+    home = f"_hatch_aoti_{package.replace('.', '_')}"
+    finder = stage / f"{home}_finder.py"
+    finder.write_text(editable_finder(f"{package}.{loader}", f"{home}/{loader}.py"), encoding="utf-8")
+    pth = stage / f"{home}.pth"
+    pth.write_text(f"import {home}_finder\n", encoding="utf-8")
+    return {staged: home, finder: finder.name, pth: pth.name}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
+    """sha256 of every file under ``directory`` by relative path (``known`` ones not read again):
+    what ``hatch-aoti verify`` checks an installed model's files against."""
+    return {rel: known.get(rel) or sha256(directory / rel)
+            for rel in sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())}  # fmt: skip
+
+
+def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:
+    """Write ``<loader>.py`` and ``_aoti/manifest.json`` into a staged package directory."""
+    (package_dir / ARTIFACT_DIR).mkdir(parents=True, exist_ok=True)
+    # Models stay in declaration order (``names()``); everything else is sorted, so an
+    # entry reads the same whether it was just compiled or came from the cache.
+    models = {name: json.loads(json.dumps(entry, sort_keys=True)) for name, entry in manifest["models"].items()}
+    text = json.dumps({"format": MANIFEST_FORMAT, **manifest, "models": models}, indent=2) + "\n"
+    (package_dir / ARTIFACT_DIR / MANIFEST).write_text(text, encoding="utf-8")
+    shutil.copyfile(template_path(), package_dir / f"{loader}.py")
+    for written in (package_dir / ARTIFACT_DIR / MANIFEST, package_dir / f"{loader}.py"):
+        written.chmod(0o644)

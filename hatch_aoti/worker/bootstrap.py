@@ -1,0 +1,38 @@
+"""What every worker process does first, before any of the project's code runs."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.store.cache import BYTECODE_DIR
+
+
+def setup(job: dict[str, Any]) -> None:
+    """The project's import paths, the bytecode store, torch."""
+    for entry in reversed(job["sys_path"]):
+        sys.path.insert(0, entry)
+    if job.get("cache"):
+        from hatch_aoti.worker.bytecode import install
+
+        install(Path(job["cache"]) / BYTECODE_DIR)
+    preload_torch()
+
+
+def preload_torch() -> None:
+    """Import torch and its export machinery with the cycle collector paused: these imports build a
+    large, long-lived graph and almost no garbage, so collecting during them is wasted (see
+    ``benchmarks/build.py``). The imported objects are then frozen out of later collections."""
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+
+        with contextlib.suppress(ImportError):  # loaded by torch.export.export's first call anyway
+            importlib.import_module("torch.export._trace")
+    finally:
+        gc.freeze()
+        gc.enable()

@@ -1,0 +1,117 @@
+"""The package's layout by process: what the build backend imports never reaches torch or the worker,
+and no module imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hatch_aoti"
+#: Run inside the build backend's process (hatchling's or setuptools'): torch must never be imported there.
+TORCH_FREE = ("hatch_aoti.build", "hatch_aoti.frontends", "hatch_aoti.settings", "hatch_aoti.store", "hatch_aoti.hooks")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(name: str, *, top_level_only: bool = False) -> set[str]:
+    """What a module imports (the modules, not the names), at any depth of its code or at module level only."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # `if TYPE_CHECKING:` blocks never run
+        nodes = [n for n in nodes if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            found |= submodules  # `from pkg import module`: the module (its package is a parent, not a peer)
+            if len(submodules) < len(node.names):
+                found.add(node.module)
+    if not top_level_only:
+        found -= _type_checking_only(tree)
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[str]:
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+    return {imp for block in blocks for node in ast.walk(block) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for imp in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                        [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)])}  # fmt: skip
+
+
+def reached_from(start: str) -> dict[str, str]:
+    """Every module reachable from ``start``, each with the module that imports it. A backend module is
+    followed through its module-level imports only: the build backend calls its ``check`` and ``pins``,
+    the worker its ``compile``, which imports torch."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        current = todo.pop()
+        lazy_ok = current.startswith("hatch_aoti.backends.") and current != "hatch_aoti.backends.interface"
+        for imported in imports(current, top_level_only=lazy_ok):
+            if imported not in seen:
+                seen[imported] = current
+                if imported in MODULES:
+                    todo.append(imported)
+    return seen
+
+
+@pytest.mark.parametrize("start", sorted(m for m in MODULES if m.startswith(TORCH_FREE)))
+def test_the_build_backend_never_reaches_torch_or_the_worker(start: str) -> None:
+    reached = reached_from(start)
+    bad = sorted(m for m in reached if m.split(".")[0] == "torch" or m.startswith("hatch_aoti.worker"))
+    chains = []
+    for module in bad:
+        chain, at = [module], module
+        while reached[at]:
+            at = reached[at]
+            chain.append(at)
+        chains.append(" <- ".join(chain))
+    assert not chains, "\n".join(chains)
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = {name: {m for m in imports(name) if m in MODULES and m != name} for name in MODULES}
+    cycles = []
+    for start in graph:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif nxt not in path and len(path) < 8:
+                    stack.append((nxt, [*path, nxt]))
+    assert not cycles, "\n".join(sorted(set(cycles))[:10])
+
+
+def test_the_front_ends_import_without_torch() -> None:
+    """What the AST test promises, seen in a real process: the hooks and the pipeline leave torch unimported."""
+    code = ("import sys, hatch_aoti.hooks, hatch_aoti.frontends.setuptools, hatch_aoti.build.pipeline, "
+            "hatch_aoti.settings.docs, hatch_aoti.backends; [hatch_aoti.backends.get(n) for n in ('aoti', 'precompile')]; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hatch_aoti') and "
+            "(m.startswith('torch') or m.startswith('hatch_aoti.worker'))))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_hatch_aotis_own_wheel_holds_every_module_and_template(wheelhouse: Path) -> None:
+    """What the build backend imports must be in the wheel it is installed from (hatchling honours
+    ``.gitignore``, whose ``build/`` rule would leave out ``hatch_aoti/build``)."""
+    import zipfile
+
+    (wheel,) = wheelhouse.glob("hatch_aoti-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {p.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("*.py")}
+    wanted |= {f"hatch_aoti/templates/{p.name}" for p in (PACKAGE.parent / "templates").glob("*.py")}
+    assert wanted <= names, sorted(wanted - names)
