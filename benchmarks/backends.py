@@ -22,10 +22,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {
-    "mlp": ("sample_models.models:build_mlp", 'inputs = [{ shape = [4, 128] }]', "torch.randn(4, 128)"),
-    "classifier": ("sample_models.models:build_classifier", "inputs = [{ shape = [8, 3, 16, 16] }]",
-                   "torch.rand(8, 3, 16, 16)"),
-}  # fmt: skip
+    "mlp": ("sample_models.models:build_mlp", "inputs = [{ shape = [4, 128] }]", "torch.randn(4, 128)"),
+    "classifier": (
+        "sample_models.models:build_classifier",
+        "inputs = [{ shape = [8, 3, 16, 16] }]",
+        "torch.rand(8, 3, 16, 16)",
+    ),
+}
 BACKENDS = ("aoti", "precompile")
 
 
@@ -34,15 +37,22 @@ def project(root: Path) -> Path:
     text = (root / "pyproject.toml").read_text().split("[tool.hatch.build.targets.wheel.hooks.aoti]")[0]
     for name, (factory, inputs, _) in MODELS.items():
         for backend in BACKENDS:
-            text += (f"\n[tool.hatch.build.targets.wheel.hooks.aoti.models.{name}_{backend}]\n"
-                     f'backend = "{backend}"\nfactory = "{factory}"\n{inputs}\n')  # fmt: skip
+            text += (
+                f"\n[tool.hatch.build.targets.wheel.hooks.aoti.models.{name}_{backend}]\n"
+                f'backend = "{backend}"\nfactory = "{factory}"\n{inputs}\n'
+            )
     (root / "pyproject.toml").write_text(text)
     return root
 
 
 def build(root: Path, env: dict[str, str]) -> tuple[Path, dict[str, float]]:
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"),
-                           str(root)], env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"), str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seconds = {m: float(s) for m, s in re.findall(r"aoti: (\w+): compiled in ([\d.]+)s", proc.stderr)}
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel, seconds
@@ -50,18 +60,24 @@ def build(root: Path, env: dict[str, str]) -> tuple[Path, dict[str, float]]:
 
 def wall(code: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return time.perf_counter() - start
 
 
 def per_call_us(site: Path, model: str, sample: str, env: dict[str, str]) -> float:
-    code = (f"import sys, time, torch; sys.path.insert(0, {str(site)!r}); from sample_models import compiled\n"
-            f"m, x = compiled.load({model!r}), {sample}\nbest = 1e9\n"
-            "for _ in range(20):\n    t = time.perf_counter()\n    for _ in range(2000): m(x)\n"
-            "    best = min(best, (time.perf_counter() - t) / 2000)\nprint(best * 1e6)")  # fmt: skip
-    return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                check=True).stdout.split()[-1])  # fmt: skip
+    code = (
+        f"import sys, time, torch; sys.path.insert(0, {str(site)!r}); from sample_models import compiled\n"
+        f"m, x = compiled.load({model!r}), {sample}\nbest = 1e9\n"
+        "for _ in range(20):\n    t = time.perf_counter()\n    for _ in range(2000): m(x)\n"
+        "    best = min(best, (time.perf_counter() - t) / 2000)\nprint(best * 1e6)"
+    )
+    return float(
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
 
 
 def main() -> None:
@@ -70,8 +86,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(work / "cache"), "HATCH_AOTI_JOBS": "1",
-               "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-build")}  # fmt: skip
+        env = {
+            **os.environ,
+            "HATCH_AOTI_CACHE_DIR": str(work / "cache"),
+            "HATCH_AOTI_JOBS": "1",
+            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-build"),
+        }
         wheel, seconds = build(project(work / "proj"), env)
         site = work / "site"
         with zipfile.ZipFile(wheel) as zf:
@@ -82,25 +102,33 @@ def main() -> None:
             base, loads = [], {b: [] for b in BACKENDS}
             first = {}
             for backend in BACKENDS:  # the first load of a precompiled model compiles its kernels
-                code = (f"import sys, torch; sys.path.insert(0, {str(site)!r}); from sample_models import compiled;"
-                        f"compiled.load({f'{name}_{backend}'!r})({sample})")  # fmt: skip
+                code = (
+                    f"import sys, torch; sys.path.insert(0, {str(site)!r}); from sample_models import compiled;"
+                    f"compiled.load({f'{name}_{backend}'!r})({sample})"
+                )
                 first[backend] = wall(code, run_env)
             for _ in range(args.pairs):
                 base.append(wall("import torch", run_env))
                 for backend in BACKENDS:
-                    code = (f"import sys, torch; sys.path.insert(0, {str(site)!r}); from sample_models import "
-                            f"compiled; compiled.load({f'{name}_{backend}'!r})({sample})")  # fmt: skip
+                    code = (
+                        f"import sys, torch; sys.path.insert(0, {str(site)!r}); from sample_models import "
+                        f"compiled; compiled.load({f'{name}_{backend}'!r})({sample})"
+                    )
                     loads[backend].append(wall(code, run_env))
             torch_s = statistics.median(base)
             print(f"{name}: import torch {torch_s:.2f}s (median of {args.pairs})")
             for backend in BACKENDS:
                 model = f"{name}_{backend}"
-                size = sum(p.stat().st_size for p in (site / "sample_models" / "_aoti" / model).rglob("*") if p.is_file())
+                size = sum(
+                    p.stat().st_size for p in (site / "sample_models" / "_aoti" / model).rglob("*") if p.is_file()
+                )
                 cold = statistics.median(loads[backend])
                 call = per_call_us(site, model, sample, run_env)
-                print(f"  {backend:10s} build {seconds[model]:5.1f}s  artifact {size / 1e6:6.2f} MB  "
-                      f"cold start {cold / torch_s:4.2f}x import torch (first load {first[backend] / torch_s:4.2f}x)  "
-                      f"per call {call:7.1f} us")  # fmt: skip
+                print(
+                    f"  {backend:10s} build {seconds[model]:5.1f}s  artifact {size / 1e6:6.2f} MB  "
+                    f"cold start {cold / torch_s:4.2f}x import torch (first load {first[backend] / torch_s:4.2f}x)  "
+                    f"per call {call:7.1f} us"
+                )
 
 
 if __name__ == "__main__":

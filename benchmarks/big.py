@@ -79,14 +79,16 @@ def sample():
         time.sleep(0.005)
 threading.Thread(target=sample, daemon=True).start()
 log = open(sys.argv[2], "w")
+from hatch_aoti.build import protocol
 emit = children.Parent.emit
-def logged(self, event, **data):
-    log.write(json.dumps([event, data.get("stage"), rss(), peak[0]]) + "\\n"); log.flush()
+def logged(self, event):
+    kind = type(event).__name__.lower()
+    log.write(json.dumps([kind, getattr(event, "stage", None), rss(), peak[0]]) + "\\n"); log.flush()
     peak[0] = rss()
-    emit(self, event, **data)
+    emit(self, event)
 children.Parent.emit = logged
 sys.argv = sys.argv[:2]
-children.child_main(coordinator.run)
+children.child_main(coordinator.run, protocol.Job)
 """
 UNPACK = """
 import sys, threading, time
@@ -112,6 +114,7 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
     weights laid out for mapping), measured alone on the package torch's loader reads."""
     import json
 
+    from hatch_aoti.build import protocol
     from hatch_aoti.frontends.hatch import hook_settings
 
     try:
@@ -122,14 +125,27 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
     settings = hook_settings(table["hooks"]["aoti"])
     stage = work / "stage"
     stage.mkdir()
-    job = {"models": [m.to_json() for m in settings.models], "stage": str(stage), "loader": "compiled",
-           "package": "bigpkg", "sys_path": [str(project)], "cwd": str(project), "cache": str(work / "cache2"),
-           "cache_max_size": 2**40, "jobs": 1}  # fmt: skip
-    (stage / "job.json").write_text(json.dumps(job))
+    job = protocol.Job(
+        models=list(settings.models),
+        stage=str(stage),
+        loader="compiled",
+        package="bigpkg",
+        sys_path=[str(project)],
+        cwd=str(project),
+        cache=str(work / "cache2"),
+        cache_max_size=2**40,
+        jobs=1,
+    )
+    protocol.write_job(job, stage / "job.json")
     events = work / "events.jsonl"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(stage / "inductor")}
-    with subprocess.Popen([sys.executable, "-c", STAGES, str(stage / "job.json"), str(events)], env=env,
-                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", STAGES, str(stage / "job.json"), str(events)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         proc.wait()  # stdin stays open until it is done: it ends itself when its pipe closes
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     # each row: the event, its stage, RSS at the event, peak since the previous event
@@ -139,12 +155,25 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
             share[started[0]] = max(share.get(started[0], 0), peak - started[1])
         started = (stage_name, now) if event == "stage" else None
     pt2 = work / "big.pt2"
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); from bigpkg import compiled;"
-                    f"compiled.save_pt2('big', {str(pt2)!r})"], check=True, capture_output=True)  # fmt: skip
-    staging = subprocess.run([sys.executable, "-c", UNPACK, str(pt2), str(work / "unpacked")], check=True,
-                             capture_output=True, text=True).stdout  # fmt: skip
-    return {"key (export stage)": share.get("export", 0), "verification": share.get("verify", 0),
-            "cache copy": share.get("store", 0), "staging": int(staging.split()[-1])}  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(site)!r}); from bigpkg import compiled;"
+            f"compiled.save_pt2('big', {str(pt2)!r})",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    staging = subprocess.run(
+        [sys.executable, "-c", UNPACK, str(pt2), str(work / "unpacked")], check=True, capture_output=True, text=True
+    ).stdout
+    return {
+        "key (export stage)": share.get("export", 0),
+        "verification": share.get("verify", 0),
+        "cache copy": share.get("store", 0),
+        "staging": int(staging.split()[-1]),
+    }
 
 
 def tree_rss(root: int) -> dict[int, int]:
@@ -217,9 +246,11 @@ def main() -> None:
         (wheel,) = (work / "dist").glob("*.whl")
         cache_size = sum(p.stat().st_size for p in (work / "cache" / "v2" / "entries").rglob("*") if p.is_file())
         print(f"weights {weights / gb:.2f} GiB")
-        print(f"build: {wall:.1f} s; peak RSS, all processes {peak_total / gb:.2f} GiB "
-              f"({peak_total / weights:.2f}x the weights), largest process {peak_one / gb:.2f} GiB "
-              f"({peak_one / weights:.2f}x)")  # fmt: skip
+        print(
+            f"build: {wall:.1f} s; peak RSS, all processes {peak_total / gb:.2f} GiB "
+            f"({peak_total / weights:.2f}x the weights), largest process {peak_one / gb:.2f} GiB "
+            f"({peak_one / weights:.2f}x)"
+        )
         print("  " + "\n  ".join(line for line in output.splitlines() if line.startswith("aoti:")))
         print(f"wheel {wheel.stat().st_size / gb:.2f} GiB, cache entry {cache_size / gb:.2f} GiB")
         site = work / "site"
@@ -229,10 +260,18 @@ def main() -> None:
         code = LOAD.format(site=str(site), n=args.n)
         runs = []
         for _ in range(args.pairs):
-            torch_only = subprocess.run([sys.executable, "-c", "import time; t = time.perf_counter(); import torch;"
-                                         "print(time.perf_counter() - t, int(open('/proc/self/status').read()"
-                                         ".split('VmHWM:')[1].split()[0]) * 1024)"], capture_output=True, text=True,
-                                        check=True).stdout.split()  # fmt: skip
+            torch_only = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import time; t = time.perf_counter(); import torch;"
+                    "print(time.perf_counter() - t, int(open('/proc/self/status').read()"
+                    ".split('VmHWM:')[1].split()[0]) * 1024)",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             start = time.perf_counter()
             with blob.open("rb") as f:
@@ -240,33 +279,51 @@ def main() -> None:
                 while f.readinto(buffer):
                     pass
             read = time.perf_counter() - start
-            runs.append((float(torch_only[0]), *map(float, out.split()[:2]), *map(int, out.split()[2:5]),
-                         out.split()[5] == "True", read, int(torch_only[1])))  # fmt: skip
+            runs.append(
+                (
+                    float(torch_only[0]),
+                    *map(float, out.split()[:2]),
+                    *map(int, out.split()[2:5]),
+                    out.split()[5] == "True",
+                    read,
+                    int(torch_only[1]),
+                )
+            )
         torch_s = statistics.median(r[0] for r in runs)
         load_s = statistics.median(r[2] for r in runs)
         read_s = statistics.median(r[7] for r in runs)
         hwm, anon, file = (statistics.median(r[i] for r in runs) for i in (3, 4, 5))
-        print(f"load (median of {args.pairs}): import torch {torch_s:.2f} s; compiled.load + first call (batch 1) "
-              f"{load_s:.2f} s; reading the weight bytes from the page cache {read_s:.2f} s")  # fmt: skip
+        print(
+            f"load (median of {args.pairs}): import torch {torch_s:.2f} s; compiled.load + first call (batch 1) "
+            f"{load_s:.2f} s; reading the weight bytes from the page cache {read_s:.2f} s"
+        )
         print(f"  load + first call <= import torch + 1.2 x read: {load_s:.2f} <= {torch_s + 1.2 * read_s:.2f} s")
         print(f"  whole process: {torch_s + load_s:.2f} s vs import torch + 1.2 x read {torch_s + 1.2 * read_s:.2f} s")
         torch_rss = statistics.median(r[8] for r in runs)
-        print(f"  peak RSS {hwm / gb:.2f} GiB = {hwm / weights:.2f}x the weights (of which mapped file "
-              f"{file / gb:.2f} GiB, anonymous {anon / gb:.2f} GiB); weights file mapped: "
-              f"{all(r[6] for r in runs)}")  # fmt: skip
-        print(f"  above `import torch` alone ({torch_rss / gb:.2f} GiB): {(hwm - torch_rss) / gb:.2f} GiB = "
-              f"{(hwm - torch_rss) / weights:.2f}x the weights")  # fmt: skip
+        print(
+            f"  peak RSS {hwm / gb:.2f} GiB = {hwm / weights:.2f}x the weights (of which mapped file "
+            f"{file / gb:.2f} GiB, anonymous {anon / gb:.2f} GiB); weights file mapped: "
+            f"{all(r[6] for r in runs)}"
+        )
+        print(
+            f"  above `import torch` alone ({torch_rss / gb:.2f} GiB): {(hwm - torch_rss) / gb:.2f} GiB = "
+            f"{(hwm - torch_rss) / weights:.2f}x the weights"
+        )
         for step, size in own_share(project, site, work, args.n).items():
             print(f"  hatch-aoti's own share, {step}: {size / gb:.3f} GiB = {size / weights:.3f}x the weights")
-        holders = [subprocess.Popen([sys.executable, "-c", code, "--hold", "6"], stdout=subprocess.PIPE, text=True)
-                   for _ in range(2)]  # fmt: skip
+        holders = [
+            subprocess.Popen([sys.executable, "-c", code, "--hold", "6"], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
         lines = [h.stdout.read().splitlines() for h in holders]
         for h in holders:
             h.wait()
         for i, out in enumerate(lines):
             pss, rss = (int(x) for x in out[1].split()[1::2])
-            print(f"  process {i + 1} of 2 at once: RSS {rss / gb:.2f} GiB, PSS {pss / gb:.2f} GiB "
-                  "(PSS divides shared pages between the processes that map them)")
+            print(
+                f"  process {i + 1} of 2 at once: RSS {rss / gb:.2f} GiB, PSS {pss / gb:.2f} GiB "
+                "(PSS divides shared pages between the processes that map them)"
+            )
 
 
 if __name__ == "__main__":

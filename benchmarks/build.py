@@ -64,8 +64,9 @@ def main() -> None:
         base_env = {k: v for k, v in os.environ.items() if k not in ("HATCH_AOTI_NO_CACHE", "HATCH_BUILD_NO_HOOKS")}
         modes = [False, True] if args.isolated else [False]
         if args.isolated:
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "wh"),
-                            str(REPO)], check=True)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "wh"), str(REPO)], check=True
+            )
             base_env["PIP_FIND_LINKS"] = f"{work / 'wh'} {os.environ.get('PIP_FIND_LINKS', '')}".strip()
         results: dict[str, list[float]] = {}
         for round_index in range(args.rounds):
@@ -84,8 +85,9 @@ def main() -> None:
                     seconds, cores = timed_build(project, out, env, isolated)
                     results.setdefault(f"{tag} {label}", []).append(seconds)
                     results.setdefault(f"{tag} {label} cores", []).append(cores)
-                    print(f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s  {cores:.2f} cores",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"round {round_index + 1} {tag:12s} {label:9s} {seconds:6.2f}s  {cores:.2f} cores", flush=True
+                    )
                 results.setdefault(f"{tag} import", []).append(timed_preload(base_env))
         print()
         for tag in ("isolated" if m else "no-isolation" for m in modes):
@@ -98,8 +100,10 @@ def main() -> None:
             print(f"  cold build kept {cores:.2f} cores busy")
             print(f"  warm / cold      = {warm / cold:.3f}  (goal <= 0.15)")
             print(f"  warm / hook-less = {warm / bare:.2f}")
-            print(f"  floor / cold     = {(bare + imports) / cold:.3f}  (hook-less + importing torch and its "
-                  f"export stack {imports:.2f}s)")  # fmt: skip
+            print(
+                f"  floor / cold     = {(bare + imports) / cold:.3f}  (hook-less + importing torch and its "
+                f"export stack {imports:.2f}s)"
+            )
 
 
 if __name__ == "__main__":

@@ -119,10 +119,15 @@ def build(root: Path) -> Path:
     from importlib.metadata import version
 
     series = ".".join(version("torch").split(".")[:2])
-    (project / "pyproject.toml").write_text(textwrap.dedent(HOOK).replace("{torch}", f"torch=={series}.*"),
-                                            encoding="utf-8")  # fmt: skip
-    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"),
-                            str(project)], capture_output=True, text=True, check=False)  # fmt: skip
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(HOOK).replace("{torch}", f"torch=={series}.*"), encoding="utf-8"
+    )
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"), str(project)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if built.returncode:
         sys.exit(f"the benchmark's wheel did not build:\n{built.stderr[-4000:]}")
     (wheel,) = (root / "dist").glob("*.whl")
@@ -165,8 +170,11 @@ def main() -> None:
         print(f"{'model':<14}{'compiled':>10}{'raw runner':>12}{'eager':>9}{'overhead':>10}")
         for name, (args, kwargs, flat) in cases().items():
             model, eager = compiled.load(name), getattr(models, name)()
-            calls = {"compiled": lambda: model(*args, **kwargs), "raw": lambda: model.runner.run(flat),
-                     "eager": lambda: eager(*args, **kwargs)}  # fmt: skip
+            calls = {
+                "compiled": lambda model=model, args=args, kwargs=kwargs: model(*args, **kwargs),
+                "raw": lambda model=model, flat=flat: model.runner.run(flat),
+                "eager": lambda eager=eager, args=args, kwargs=kwargs: eager(*args, **kwargs),
+            }
             best = dict.fromkeys(calls, float("inf"))
             with torch.inference_mode():
                 for _ in range(options.rounds):
@@ -174,8 +182,10 @@ def main() -> None:
                         measured = Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2)
                         best[label] = min(best[label], measured.median * 1e6)
             over = best["compiled"] - best["raw"]
-            print(f"{name:<14}{best['compiled']:>8.2f}us{best['raw']:>10.2f}us{best['eager']:>7.2f}us"
-                  f"{over:>+8.2f}us  (goal <= +3)")  # fmt: skip
+            print(
+                f"{name:<14}{best['compiled']:>8.2f}us{best['raw']:>10.2f}us{best['eager']:>7.2f}us"
+                f"{over:>+8.2f}us  (goal <= +3)"
+            )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def cold_start(name: str, pairs: int, pt2: str) -> None:
         t_public.append(wall(public))
     r_ours = statistics.median(o / b for o, b in zip(t_ours, t_torch))
     r_public = statistics.median(p / b for p, b in zip(t_public, t_torch))
-    print(f"  cold start, median of {pairs} paired runs: import torch {statistics.median(t_torch):.3f}s, "
-          f"compiled.load {statistics.median(t_ours):.3f}s, aoti_load_package {statistics.median(t_public):.3f}s")
+    print(
+        f"  cold start, median of {pairs} paired runs: import torch {statistics.median(t_torch):.3f}s, "
+        f"compiled.load {statistics.median(t_ours):.3f}s, aoti_load_package {statistics.median(t_public):.3f}s"
+    )
     print(f"    compiled.load / import torch     = {r_ours:.3f}  (goal <= 1.15)")
     print(f"    aoti_load_package / import torch = {r_public:.3f}")
 
@@ -101,16 +103,37 @@ def files_written(name: str) -> None:
         if strace:
             log = Path(tmp) / "strace.log"
             subprocess.run(
-                [strace, "-f", "-qq", "-e", "trace=openat,open,creat,mkdir,mkdirat,rename,renameat2,memfd_create",
-                 "-o", str(log), sys.executable, "-c", code],
-                check=True, env=env, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    strace,
+                    "-f",
+                    "-qq",
+                    "-e",
+                    "trace=openat,open,creat,mkdir,mkdirat,rename,renameat2,memfd_create",
+                    "-o",
+                    str(log),
+                    sys.executable,
+                    "-c",
+                    code,
+                ],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
             writes = [
-                line.strip() for line in log.read_text().splitlines()
-                if ("O_CREAT" in line or "O_WRONLY" in line or "O_RDWR" in line or "mkdir" in line
-                    or "rename" in line or "creat(" in line or "memfd_create" in line)
-                and "= -1" not in line and "/dev/" not in line
-            ]  # fmt: skip
+                line.strip()
+                for line in log.read_text().splitlines()
+                if (
+                    "O_CREAT" in line
+                    or "O_WRONLY" in line
+                    or "O_RDWR" in line
+                    or "mkdir" in line
+                    or "rename" in line
+                    or "creat(" in line
+                    or "memfd_create" in line
+                )
+                and "= -1" not in line
+                and "/dev/" not in line
+            ]
             print(f"  files written at load (strace): {len(writes)}")
             for line in writes[:10]:
                 print(f"    {line}")

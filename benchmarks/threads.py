@@ -55,8 +55,10 @@ def main() -> None:
                     for dynamic, runner in runners.items():
                         times[dynamic].append(per_call_us(runner, sample))
                 fixed, dyn = min(times[False]), min(times[True])
-                print(f"{name:10s} {threads} thread(s): fixed {fixed:7.1f} us, dynamic {dyn:7.1f} us, "
-                      f"dynamic / fixed = {dyn / fixed:.3f}")  # fmt: skip
+                print(
+                    f"{name:10s} {threads} thread(s): fixed {fixed:7.1f} us, dynamic {dyn:7.1f} us, "
+                    f"dynamic / fixed = {dyn / fixed:.3f}"
+                )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from sample_models import compiled
 from sample_models.models import build_classifier, build_mlp
 
@@ -40,12 +39,13 @@ def main() -> None:
         first_ref = ref if isinstance(ref, torch.Tensor) else ref[0]
         meta = compiled.info(name)
         print(f"\n{name}: built with torch {meta['torch']} for {meta['device']}, dynamic dims {meta['dynamic']}")
-        print(f"  input shapes {[list(a.shape) for a in args]} -> compiled output[0] row 0: "
-              f"{[round(v, 4) for v in first[0].tolist()]}")
+        print(
+            f"  input shapes {[list(a.shape) for a in args]} -> compiled output[0] row 0: "
+            f"{[round(v, 4) for v in first[0].tolist()]}"
+        )
         print(f"  max |compiled - eager| = {(first - first_ref).abs().max().item():.2e}")
         t_eager, t_compiled = latency_us(eager, *args), latency_us(model, *args)
-        print(f"  latency: eager {t_eager:.1f} us, compiled {t_compiled:.1f} us "
-              f"({t_eager / t_compiled:.2f}x faster)")
+        print(f"  latency: eager {t_eager:.1f} us, compiled {t_compiled:.1f} us ({t_eager / t_compiled:.2f}x faster)")
 
 
 if __name__ == "__main__":

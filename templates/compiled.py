@@ -117,7 +117,9 @@ def _mapped_weights(torch, name, entry, constants):
         t = weights["tensors"][fqn]
         data = blob[t["offset"] : t["offset"] + t["nbytes"]].view(getattr(torch, t["dtype"]))
         # as_strided counts its offset from the start of the file, in elements of the dtype
-        views[constant] = data.as_strided(t["shape"], t["stride"], t["offset"] // data.element_size() + t["storage_offset"])
+        views[constant] = data.as_strided(
+            t["shape"], t["stride"], t["offset"] // data.element_size() + t["storage_offset"]
+        )
     return views
 
 
@@ -178,7 +180,9 @@ class _CompiledModel:
         self._constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
         self._tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
-        self._mutated = [i for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf) if leaf.get("mutated")]
+        self._mutated = [
+            i for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf) if leaf.get("mutated")
+        ]
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
         self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
 
@@ -189,7 +193,9 @@ class _CompiledModel:
             self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
             if "weights" in entry:
-                self._weights = _mapped_weights(torch, self.name, entry, self._runner.get_constant_names_to_original_fqns())
+                self._weights = _mapped_weights(
+                    torch, self.name, entry, self._runner.get_constant_names_to_original_fqns()
+                )
                 self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
             return self._runner.get_call_spec()
         except (AttributeError, TypeError, ImportError) as exc:
@@ -310,10 +316,18 @@ def _check_cpu(name, cpu, machine=None, flags=None, cpuid=None):
 
 #: /proc/cpuinfo flag names -> the names torch's CPUID reader (``torch.cpu.get_capabilities``) uses.
 _CPUID_NAMES = {
-    "fma": "fma3", "bmi1": "bmi", "abm": "lzcnt", "pni": "sse3", "avx512f": "avx512_f", "avx512bw": "avx512_bw",
-    "avx512cd": "avx512_cd", "avx512dq": "avx512_dq", "avx512vl": "avx512_vl", "avx512vbmi": "avx512_vbmi",
+    "fma": "fma3",
+    "bmi1": "bmi",
+    "abm": "lzcnt",
+    "pni": "sse3",
+    "avx512f": "avx512_f",
+    "avx512bw": "avx512_bw",
+    "avx512cd": "avx512_cd",
+    "avx512dq": "avx512_dq",
+    "avx512vl": "avx512_vl",
+    "avx512vbmi": "avx512_vbmi",
     "avx512ifma": "avx512_ifma",
-}  # fmt: skip
+}
 
 
 def _cpuid(torch):
@@ -321,7 +335,7 @@ def _cpuid(torch):
     get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
     try:
         found = get() if get is not None else {}
-    except Exception:  # noqa: BLE001 - no answer: /proc/cpuinfo alone decides
+    except Exception:
         return {}
     return {k: v for k, v in found.items() if isinstance(v, bool)}
 
@@ -378,10 +392,18 @@ def _generated(engine, generic):
     if leaves is None or not _inline_checks(engine, leaves, lines, env):
         return lambda *args, **kwargs: generic(args, kwargs)
     tensors = [leaves[i] for i in engine._tensor_index]
-    body = ["def model(*args, **kwargs):", "    try:", *lines, "    except _MISSES:", "        pass", "    else:",
-            *_calling(engine, tensors, env), "    return _generic(args, kwargs)"]  # fmt: skip
+    body = [
+        "def model(*args, **kwargs):",
+        "    try:",
+        *lines,
+        "    except _MISSES:",
+        "        pass",
+        "    else:",
+        *_calling(engine, tensors, env),
+        "    return _generic(args, kwargs)",
+    ]
     # The call runs in the else branch, outside the handler: its errors never show the _Miss.
-    exec("\n".join(body), env)  # noqa: S102 - code made here from the manifest's structure, nothing else
+    exec("\n".join(body), env)
     return env["model"]
 
 
@@ -389,7 +411,9 @@ def _unpacking(engine, env):
     """Lines that bind each input leaf to ``v<i>``, checking the containers on the way; (lines, None)
     where a container is of another type than tuple, list or dict (the generic path takes those)."""
     args_spec, kwargs_spec = _children(engine._in_spec)
-    lines = [f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine._kwarg_names)}: raise _Miss"]
+    lines = [
+        f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine._kwarg_names)}: raise _Miss"
+    ]
     leaves, nodes = [], itertools.count()
 
     def walk(spec, expr):
@@ -400,7 +424,9 @@ def _unpacking(engine, env):
         var, children = f"n{next(nodes)}", _children(spec)
         lines.append(f"        {var} = {expr}")
         if spec.type in (tuple, list):
-            lines.append(f"        if type({var}) is not {spec.type.__name__} or len({var}) != {len(children)}: raise _Miss")
+            lines.append(
+                f"        if type({var}) is not {spec.type.__name__} or len({var}) != {len(children)}: raise _Miss"
+            )
             return all(walk(c, f"{var}[{i}]") for i, c in enumerate(children))
         if spec.type is dict:
             env[f"K{var}"] = frozenset(spec.context)
@@ -443,11 +469,17 @@ def _inline_checks(engine, leaves, lines, env):
         return False  # a constant that is not a plain value: compared by the generic path only
     for index, value in engine._constants:
         env[f"C{index}"] = value
-        lines.append(f"        if type({leaves[index]}) is not type(C{index}) or {leaves[index]} != C{index}: raise _Miss")
+        lines.append(
+            f"        if type({leaves[index]}) is not type(C{index}) or {leaves[index]} != C{index}: raise _Miss"
+        )
     for position, (dtype, cpu, sizes, dims) in enumerate(engine._checks):
         var = leaves[engine._tensor_index[position]]
         env[f"D{position}"] = dtype
-        tests = [f"{var}.dtype is D{position}", f"{var}.is_cpu" if cpu else f"{var}.is_cuda", f"{var}.layout is _strided"]
+        tests = [
+            f"{var}.dtype is D{position}",
+            f"{var}.is_cpu" if cpu else f"{var}.is_cuda",
+            f"{var}.layout is _strided",
+        ]
         if not dims:
             env[f"S{position}"] = sizes
             lines.append(f"        if not ({' and '.join([*tests, f'{var}.shape == S{position}'])}): raise _Miss")
@@ -506,7 +538,7 @@ def _finisher(engine):
     """For the generic path: mutations written back, outputs in the eager model's structure and types."""
     env = {}
     code = f"lambda o: {_output_expr(engine, env)}"
-    outputs = eval(code, env)  # noqa: S307 - made here from the manifest's output structure
+    outputs = eval(code, env)
     mutated = engine._mutated
 
     def finish(tensors, prepared, flat):
@@ -543,7 +575,12 @@ def _checker(engine):
         roots = {}
         for tensor, (dtype, cpu, sizes, dims) in zip(tensors, checks):
             try:
-                ok = tensor.dtype is dtype and tensor.is_cpu is cpu and (cpu or tensor.is_cuda) and tensor.layout is strided
+                ok = (
+                    tensor.dtype is dtype
+                    and tensor.is_cpu is cpu
+                    and (cpu or tensor.is_cuda)
+                    and tensor.layout is strided
+                )
                 if ok:
                     ok = _fits(tensor.shape, sizes, dims, roots) if dims else tensor.shape == sizes
             except AttributeError:
@@ -627,12 +664,13 @@ class _Precompiled:
 
     def _compiled_for(self, tensors):
         sizes = {root: (tensors[p].shape[axis] - offset) // mult for p, axis, root, mult, offset in self.axes}
-        for index, region in enumerate(self.regions):
-            if all(low <= sizes[root] and (high is None or sizes[root] <= high)
-                   for root, (low, high) in region["dims"].items()):  # fmt: skip
-                break
-        else:
+        covers = [
+            all(low <= sizes[root] and (high is None or sizes[root] <= high) for root, (low, high) in r["dims"].items())
+            for r in self.regions
+        ]
+        if True not in covers:
             raise ValueError(f"compiled model {self.name!r}: no compiled region covers sizes {sizes}")
+        index = covers.index(True)
         if self.loaded[index] is None:
             with self.lock:
                 if self.loaded[index] is None:
@@ -660,8 +698,9 @@ class _Precompiled:
                 if not str(exc).startswith("GuardManager check failed"):
                     raise
                 why = " ".join(str(exc).split())[:400]
-                raise ValueError(f"compiled model {self.name!r}: these inputs fail the guards it was compiled "
-                                 f"with: {why}") from None  # fmt: skip
+                raise ValueError(
+                    f"compiled model {self.name!r}: these inputs fail the guards it was compiled with: {why}"
+                ) from None
         _write_back(tensors, copies, self.mutated)  # in the caller's mode, as eager writes
         return out
 
@@ -676,8 +715,11 @@ def _write_back(tensors, copies, mutated):
 def _root_axes(torch, leaves):
     """(tensor position, axis, root dim, multiple, offset) of every dynamic axis of a model's inputs."""
     checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
-    return [(position, axis, root, mult, offset)
-            for position, (_, _, _, dims) in enumerate(checks) for axis, _, _, root, mult, offset in dims]  # fmt: skip
+    return [
+        (position, axis, root, mult, offset)
+        for position, (_, _, _, dims) in enumerate(checks)
+        for axis, _, _, root, mult, offset in dims
+    ]
 
 
 def _runtime(name, entry):
@@ -697,11 +739,17 @@ def _tensor_check(torch, leaf):
     """(dtype, on cpu?, static sizes (None where dynamic), ((axis, min, max, root, multiple, offset), ...))."""
     sizes = tuple(d if isinstance(d, int) else None for d in leaf["shape"])
     dims = tuple(
-        (axis, d["min"], d["max"] if d["max"] is not None else float("inf"), d.get("root", d["name"]),
-         d.get("mult", 1), d.get("offset", 0))
+        (
+            axis,
+            d["min"],
+            d["max"] if d["max"] is not None else float("inf"),
+            d.get("root", d["name"]),
+            d.get("mult", 1),
+            d.get("offset", 0),
+        )
         for axis, d in enumerate(leaf["shape"])
         if not isinstance(d, int)
-    )  # fmt: skip
+    )
     if not dims:
         sizes = torch.Size(sizes)
     return getattr(torch, leaf["dtype"]), leaf["device"] == "cpu", sizes, dims
@@ -758,7 +806,10 @@ def _opened(torch, name, so_path, device):
             raise
         symbol = (text.split("undefined symbol:", 1)[1].split() or ["?"])[0]
         if symbol.startswith("AOTInductorModelContainer"):  # what torch looks up in the library
-            why = f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: a model container it does not know"
+            why = (
+                f"this torch ({torch.__version__}) calls {symbol}, which the library lacks: "
+                "a model container it does not know"
+            )
         else:
             why = f"its library needs {symbol}, which this torch ({torch.__version__}) lacks"
         raise RuntimeError(f"compiled model {name!r} was built with torch {_MANIFEST['torch']}; {why}") from None

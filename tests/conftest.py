@@ -46,9 +46,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if wanted and not session.config.option.collectonly:
         root = Path(tempfile.mkdtemp(prefix="hatch-aoti-torch-next-"))
         env = root / f"torch-{TORCH_NEXT}"  # the layout `hatch-aoti verify --envs` uses again
-        script = (f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
-                  f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
-                  f"'torch=={TORCH_NEXT}']))")  # fmt: skip
+        script = (
+            f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
+            f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
+            f"'torch=={TORCH_NEXT}']))"
+        )
         log = (root / "install.log").open("w")
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log)
         session.config.torch_next = (root, proc)
@@ -116,8 +118,7 @@ class Runtime:
 
     def run(self, code: str, *, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        return run([str(self.python), "-c", textwrap.dedent(code)], check=check, cwd=cwd or self.python.parent,
-                   env=env)
+        return run([str(self.python), "-c", textwrap.dedent(code)], check=check, cwd=cwd or self.python.parent, env=env)
 
     def json(self, code: str) -> object:
         """Run ``code``, which must print one JSON document as its last line."""
@@ -155,8 +156,10 @@ def venv_with_torch(torch_venv: Path, root: Path) -> Path:
 def runtime(tmp_path_factory: pytest.TempPathFactory, torch_venv: Path) -> Runtime:
     root = tmp_path_factory.mktemp("runtime-venv")
     python = venv_with_torch(torch_venv, root)
-    probe = run([str(python), "-c", "import importlib.util as u, torch, numpy; print(u.find_spec('hatch_aoti') is None)"],
-                cwd=root)  # fmt: skip
+    probe = run(
+        [str(python), "-c", "import importlib.util as u, torch, numpy; print(u.find_spec('hatch_aoti') is None)"],
+        cwd=root,
+    )
     assert probe.stdout.strip() == "True", "the runtime venv must not have hatch-aoti"
     return Runtime(python)
 
@@ -183,8 +186,15 @@ BACKENDS = {
 
 
 def write_project(
-    root: Path, name: str, hook_toml: str, files: dict[str, str], *, requires: str = "", src: bool = False,
-    frontend: str = "hatch", torch: str = "torch==2.13.*",
+    root: Path,
+    name: str,
+    hook_toml: str,
+    files: dict[str, str],
+    *,
+    requires: str = "",
+    src: bool = False,
+    frontend: str = "hatch",
+    torch: str = "torch==2.13.*",
 ) -> Path:
     """A minimal project whose package ``name`` (under ``src/`` if asked) holds ``files``.
 
@@ -204,7 +214,7 @@ def write_project(
             build-backend = "{backend}"
 
             [project]
-            name = "{name.replace('_', '-')}"
+            name = "{name.replace("_", "-")}"
             version = "1.0"
             {f'dependencies = ["{torch}"]' if frontend == "hatch" else 'dynamic = ["dependencies"]'}
             """
@@ -222,8 +232,12 @@ def build_no_isolation(
     project: Path, out: Path, *, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m build --wheel --no-isolation`` with this interpreter (hatch-aoti installed)."""
-    return run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)],
-               check=check, cwd=project, env=env)
+    return run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)],
+        check=check,
+        cwd=project,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -312,8 +326,13 @@ def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One wheel, four models: aoti (with kernel profiling, for the CLI tests), precompile with kwargs,
     precompile with a dynamic batch, and the third-party ``export`` backend (tests/toy_backend, found
     through its entry point)."""
-    root = write_project(tmp_path_factory.mktemp("mixed") / "proj", "mixpkg", MIXED_HOOK, {"models.py": MIXED_MODELS},
-                         torch="torch==2.13.0")  # precompiled models load only under the torch that built them
+    root = write_project(
+        tmp_path_factory.mktemp("mixed") / "proj",
+        "mixpkg",
+        MIXED_HOOK,
+        {"models.py": MIXED_MODELS},
+        torch="torch==2.13.0",
+    )  # precompiled models load only under the torch that built them
     env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2"}
     proc = build_no_isolation(root, root / "dist", env=env)
     (wheel,) = (root / "dist").glob("*.whl")
@@ -340,8 +359,9 @@ def setuptools_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def setuptools_dists(setuptools_project: Path, build_env: dict[str, str]) -> tuple[Path, Path, str]:
     """``python -m build``: the sdist, the wheel built from it, and the build's output."""
     out = setuptools_project / "dist"
-    proc = run([sys.executable, "-m", "build", "-o", str(out), str(setuptools_project)], env=build_env,
-               cwd=setuptools_project)  # fmt: skip
+    proc = run(
+        [sys.executable, "-m", "build", "-o", str(out), str(setuptools_project)], env=build_env, cwd=setuptools_project
+    )
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
     return sdist, wheel, proc.stdout + proc.stderr

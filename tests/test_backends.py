@@ -72,7 +72,9 @@ def test_every_backend_matches_eager_with_only_torch(mixed_site: Path, runtime: 
     assert result["imported"] == [], "the wheel needs neither hatch-aoti nor the backend's package"
 
 
-def test_a_precompiled_model_refuses_another_python_or_torch(mixed_site: Path, runtime: Runtime, tmp_path: Path) -> None:
+def test_a_precompiled_model_refuses_another_python_or_torch(
+    mixed_site: Path, runtime: Runtime, tmp_path: Path
+) -> None:
     """Simulated by editing the manifest of an installed copy: a clear error naming both, no crash."""
     site = tmp_path / "site"
     shutil.copytree(mixed_site, site)
@@ -95,8 +97,13 @@ def test_a_precompiled_model_refuses_another_python_or_torch(mixed_site: Path, r
         """
     )
     python = ".".join(map(str, sys.version_info[:3]))
-    assert f"with Python {python} and torch 2.12.0+cpu, and loads only there; this is Python {python} with torch 2.13.0" in result["guarded"]
-    assert f"with Python 3.10.4 and torch 2.13.0+cpu, and loads only there; this is Python {python}" in result["batched"]
+    assert (
+        f"with Python {python} and torch 2.12.0+cpu, and loads only there; this is Python {python} with torch 2.13.0"
+        in result["guarded"]
+    )
+    assert (
+        f"with Python 3.10.4 and torch 2.13.0+cpu, and loads only there; this is Python {python}" in result["batched"]
+    )
 
 
 # -- the interface, without compiling ----------------------------------------------------
@@ -114,21 +121,32 @@ def test_precompile_takes_any_range_but_no_rules() -> None:
     from hatch_aoti.backends.precompile import PrecompileBackend
     from hatch_aoti.settings.config import parse_settings
 
-    table = {"models": {"m": {"factory": "a:b", "backend": "precompile", "inputs": [{"shape": ["n", "k"]}],
-                              "dynamic": {"n": {"min": 0, "max": 8}, "k": "2*n"}}}}  # fmt: skip
+    table = {
+        "models": {
+            "m": {
+                "factory": "a:b",
+                "backend": "precompile",
+                "inputs": [{"shape": ["n", "k"]}],
+                "dynamic": {"n": {"min": 0, "max": 8}, "k": "2*n"},
+            }
+        }
+    }
     (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
     ((path, message),) = PrecompileBackend().check(spec)
     assert path.endswith("models.m.dynamic.k") and "the precompile backend cannot compile" in message
 
 
 def test_unknown_backends_are_named_with_the_installed_ones() -> None:
-    from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
+    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"backend": "aotx", "models": {"m": {"factory": "a:b", "inputs": [], "backend": "tvm"}}})
     found = dict(info.value.problems)
-    assert "unknown backend 'aotx' (did you mean `aoti`?); installed backends: aoti, precompile" in found[f"{HOOK_PATH}.backend"]
-    assert "installed backends: aoti, precompile" in found[f"{HOOK_PATH}.models.m.backend"]
+    assert (
+        "unknown backend 'aotx' (did you mean `aoti`?); installed backends: aoti, precompile"
+        in found[f"{HATCH_TABLE}.backend"]
+    )
+    assert "installed backends: aoti, precompile" in found[f"{HATCH_TABLE}.models.m.backend"]
 
 
 def test_a_backend_is_a_small_object() -> None:

@@ -127,6 +127,7 @@ def test_the_cap_comes_from_the_environment() -> None:
 def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """HATCH_AOTI_NO_CACHE: the coordinator never computes a key (it costs a pass over the weights)."""
     torch = pytest.importorskip("torch")
+    from hatch_aoti.build.protocol import Cached, Job
     from hatch_aoti.settings.config import parse_settings
     from hatch_aoti.worker import fingerprint
     from hatch_aoti.worker.checks import Prepared
@@ -137,34 +138,35 @@ def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp
         raise AssertionError("a key was computed without a cache")
 
     monkeypatch.setattr(fingerprint, "cache_key", no_key)
-    (spec,) = parse_settings({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}},
-                             machine="x86_64", flags=set()).models  # fmt: skip
+    (spec,) = parse_settings(
+        {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}}, machine="x86_64", flags=set()
+    ).models
     model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
-    job = {"stage": str(tmp_path), "cache": None, "loader": "compiled", "package": "p", "jobs": 1}
+    job = Job([spec], str(tmp_path), "compiled", "p", [], str(tmp_path), None, None, 1)
     events = []
-    parent = type("Parent", (), {"emit": lambda self, event, **data: events.append(event)})()
+    parent = type("Parent", (), {"emit": lambda self, event: events.append(event)})()
     miss = Coordinator(job, parent).export_and_look_up(model)
-    assert miss is not None and miss.key == "" and "cached" not in events
+    assert miss is not None and miss.key == "" and not any(isinstance(e, Cached) for e in events)
 
 
 def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_them(tmp_path: Path) -> None:
     """Precompiled code names the loader's ``_call``: another loader must not reuse it. An aoti
     library names nothing of the project, so projects share its entries."""
     torch = pytest.importorskip("torch")
+    from hatch_aoti.build.protocol import Job
     from hatch_aoti.settings.config import parse_settings
     from hatch_aoti.worker.checks import Prepared
     from hatch_aoti.worker.coordinator import Coordinator
     from hatch_aoti.worker.inputs import plan_declared
 
-    parent = type("Parent", (), {"emit": lambda self, event, **data: None})()
+    parent = type("Parent", (), {"emit": lambda self, event: None})()
 
     def key(backend: str, loader: str = "compiled", factory: str = "a:b") -> str:
         table = {"models": {"m": {"factory": factory, "backend": backend, "inputs": [{"shape": [2, 3]}]}}}
         (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
         torch.manual_seed(0)
         model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
-        job = {"stage": str(tmp_path), "cache": str(tmp_path / "cache"), "cache_max_size": 2**30, "loader": loader,
-               "package": "p", "jobs": 1}  # fmt: skip
+        job = Job([spec], str(tmp_path), loader, "p", [], str(tmp_path), str(tmp_path / "cache"), 2**30, 1)
         return Coordinator(job, parent).export_and_look_up(model).key
 
     assert key("aoti") == key("aoti", loader="aot") == key("aoti", factory="c:d")
@@ -383,7 +385,9 @@ PAIR_HOOK = """
 
 
 @pytest.mark.integration
-def test_a_failing_model_does_not_cost_the_others_their_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_model_does_not_cost_the_others_their_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One model fails verification (in a compile helper): the other is cached anyway, the
     failure names the model, its input set and its errors; fixing it recompiles only it."""
     monkeypatch.setenv("HATCH_AOTI_CACHE_DIR", str(tmp_path / "cache"))

@@ -18,8 +18,10 @@ def test_nested_tables_are_read_as_dotted_names() -> None:
     problems: list[tuple[str, str]] = []
     written = {"aot_inductor": {"enable_line_tables": True}, "cpp.simdlen": 256, "max_autotune": False}
     assert inductor_settings(written, P, problems) == {
-        "aot_inductor.enable_line_tables": True, "cpp.simdlen": 256, "max_autotune": False,
-    }  # fmt: skip
+        "aot_inductor.enable_line_tables": True,
+        "cpp.simdlen": 256,
+        "max_autotune": False,
+    }
     assert problems == []
 
 

@@ -1,4 +1,5 @@
-"""The ``hatch-aoti`` command line on real wheels: sample_project's (as a wheel and installed) and the mixed-backend one.
+"""The ``hatch-aoti`` command line on real wheels: sample_project's (as a wheel and installed) and the
+mixed-backend one.
 
 Most commands run in this process (``main([...])``), which has torch imported already;
 a few run as the console script, as a user runs them.
@@ -58,12 +59,21 @@ def script(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 # -- no compiling: the command's own logic -------------------------------------------------
 
 ENTRY = {
-    "call": [{"dtype": "int64", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8}, 7], "high": 5},
-             {"dtype": "float32", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8},
-                                                              {"name": "seq", "min": 2, "max": None}]}],
-    "verification": {"tried": [{"inputs": "example", "shapes": [[3, 7], [3, 5]], "seed": 0},
-                               {"inputs": "sample 1", "shapes": [[8, 7], [8, 2]]}]},
-}  # fmt: skip
+    "call": [
+        {"dtype": "int64", "device": "cpu", "shape": [{"name": "batch", "min": 1, "max": 8}, 7], "high": 5},
+        {
+            "dtype": "float32",
+            "device": "cpu",
+            "shape": [{"name": "batch", "min": 1, "max": 8}, {"name": "seq", "min": 2, "max": None}],
+        },
+    ],
+    "verification": {
+        "tried": [
+            {"inputs": "example", "shapes": [[3, 7], [3, 5]], "seed": 0},
+            {"inputs": "sample 1", "shapes": [[8, 7], [8, 2]]},
+        ]
+    },
+}
 
 
 def test_cases_are_the_builds() -> None:
@@ -74,8 +84,11 @@ def test_cases_are_the_builds() -> None:
     assert found == [("example", {"batch": 3, "seq": 5}, 0), ("sample 1", {"batch": 8, "seq": 2}, None)]
     bare = {"call": ENTRY["call"]}
     labels = [(c.label, c.sizes) for c in calls.cases(bare)]
-    assert labels == [("example", {"batch": 4, "seq": 2}), ("batch=1 (min)", {"batch": 1, "seq": 2}),
-                      ("batch=8 (max)", {"batch": 8, "seq": 2})]  # fmt: skip
+    assert labels == [
+        ("example", {"batch": 4, "seq": 2}),
+        ("batch=1 (min)", {"batch": 1, "seq": 2}),
+        ("batch=8 (max)", {"batch": 8, "seq": 2}),
+    ]
     assert calls.describe(ENTRY) == "int64[batch, 7], float32[batch, seq]"
     assert calls.parse_shape(["batch=8", "seq=100"], ENTRY) == {"batch": 8, "seq": 100}
     for bad, message in (["batch=9"], "batch must be an integer in [1, 8]"), (["len=3"], "no dynamic dim 'len'"):
@@ -95,8 +108,9 @@ def _wheel(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_bad_targets_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     plain = _wheel(tmp_path / "plain-1.0-py3-none-any.whl", {"plain/__init__.py": "", "plain-1.0.dist-info/WHEEL": ""})
     (tmp_path / "garbage.whl").write_bytes(b"not a zip")
     (tmp_path / "proj").mkdir()
@@ -107,9 +121,10 @@ def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
         '{"format": 1, "models": {}}': "is of format 1; this hatch-aoti reads format 2",
         '{"format": 2, "models": {"m": 3}}': "model 'm': not a table",
         '{"format": 2, "models": {"m": {}}}': "model 'm': `call` is missing or not a list",
-        '{"format": 2, "models": {"m": {"call": [], "cpu": {}, "device": "cpu", "file": "x.so"}}}':
-            "model 'm': `cpu.arch` is missing or not a str",
-    }  # fmt: skip
+        '{"format": 2, "models": {"m": {"call": [], "cpu": {}, "device": "cpu", "file": "x.so"}}}': (
+            "model 'm': `cpu.arch` is missing or not a str"
+        ),
+    }
     cases = {
         str(tmp_path / "missing.whl"): "no such wheel",
         str(plain): "was not built by hatch-aoti: it has no _aoti/manifest.json",
@@ -133,8 +148,9 @@ def test_bad_targets_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert status == 2 and "not built by hatch-aoti" in document["error"]
 
 
-def test_cache_info_prune_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_cache_info_prune_and_clear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "cache"
     monkeypatch.setenv(cache.ENV_DIR, str(root))
     store = cache.CompileCache(root)
@@ -169,8 +185,20 @@ def test_cache_info_prune_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def installed(sample_dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sample_project's wheel, installed by pip into a directory of its own."""
     site = tmp_path_factory.mktemp("cli-site")
-    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-         str(sample_dists[1])])  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(sample_dists[1]),
+        ]
+    )
     return site
 
 
@@ -205,22 +233,32 @@ def test_inspect_as_a_user_sees_it(sample_dists: tuple[Path, Path]) -> None:
     assert "\x1b[" not in proc.stdout
     table_row = next(line for line in proc.stdout.splitlines() if line.startswith("classifier "))
     assert table_row.split()[:4] == ["classifier", "aoti", "cpu", "float32[batch,"]
-    module = subprocess.run([sys.executable, "-m", "hatch_aoti", "inspect", "--json", str(sample_dists[1])],
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    module = subprocess.run(
+        [sys.executable, "-m", "hatch_aoti", "inspect", "--json", str(sample_dists[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert list(json.loads(module.stdout)["models"]) == ["mlp", "classifier"]
 
 
 @pytest.mark.integration
-def test_human_output_and_project_directories(sample_dists: tuple[Path, Path], mixed_wheel: tuple[Path, str],
-                                              tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_human_output_and_project_directories(
+    sample_dists: tuple[Path, Path],
+    mixed_wheel: tuple[Path, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A project directory means its own newest wheel; a folder that merely shares a package's name does not."""
     project = tmp_path / "proj"
     (project / "dist").mkdir(parents=True)
     (project / "pyproject.toml").write_text('[project]\nname = "sample-models"\n')
     shutil.copy(sample_dists[1], project / "dist")
     shutil.copy(mixed_wheel[0], project / "dist")  # newer, but another project's
-    status, text, _ = text_cli(capsys, "bench", str(project), "mlp", "--repeats", "2", "--min-time", "0.001", "--cold", "1")
+    status, text, _ = text_cli(
+        capsys, "bench", str(project), "mlp", "--repeats", "2", "--min-time", "0.001", "--cold", "1"
+    )
     assert status == 0 and "mlp: per call, median (range over rounds)" in text and "float32[4, 128]" in text
     assert "mlp: cold start, fresh process to first output" in text
     status, text, _ = text_cli(capsys, "profile", str(project), "mlp", "-o", str(tmp_path / "t.json"), "--calls", "2")
@@ -237,8 +275,9 @@ def test_human_output_and_project_directories(sample_dists: tuple[Path, Path], m
 
 
 @pytest.mark.integration
-def test_every_command_on_the_installed_package(on_path: Path, capsys: pytest.CaptureFixture[str],
-                                                tmp_path: Path) -> None:  # fmt: skip
+def test_every_command_on_the_installed_package(
+    on_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """By package and by loader name; without --eager nothing of the package is imported."""
     for name in ("sample_models", "sample_models.compiled"):
         status, data = cli(capsys, "inspect", name)
@@ -250,7 +289,9 @@ def test_every_command_on_the_installed_package(on_path: Path, capsys: pytest.Ca
     assert [c["case"] for c in cases] == ["example", "min", "mid", "max"], "the build's cases"
     assert all(c["the_builds_inputs"] for c in cases), "remade from the manifest: its declared inputs"
     status, data = cli(capsys, "verify", "sample_models", "--eager")
-    assert status == 0 and "sample_models.models" in IMPORTED and data["models"]["mlp"]["cases"][0]["max_abs_err"] < 1e-4
+    assert (
+        status == 0 and "sample_models.models" in IMPORTED and data["models"]["mlp"]["cases"][0]["max_abs_err"] < 1e-4
+    )
     status, data = cli(capsys, "bench", "sample_models", "mlp", "--repeats", "2", "--min-time", "0.001", "--cold", "0")
     assert status == 0 and data["models"]["mlp"]["per_call"][0]["compiled"]["median_s"] > 0
     status, data = cli(capsys, "profile", "sample_models", "classifier", "-o", str(tmp_path / "t.json"), "--calls", "2")
@@ -259,9 +300,9 @@ def test_every_command_on_the_installed_package(on_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.integration
-def test_what_cannot_run_here_is_named_before_loading(installed: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_what_cannot_run_here_is_named_before_loading(
+    installed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A CUDA model on a machine without CUDA, a CPU feature this machine lacks (as if built elsewhere)."""
     site = tmp_path / "site"
     shutil.copytree(installed, site)
@@ -280,8 +321,9 @@ def test_what_cannot_run_here_is_named_before_loading(installed: Path, tmp_path:
 
 
 @pytest.mark.integration
-def test_verify_catches_a_flipped_byte_and_a_truncated_library(installed: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_verify_catches_a_flipped_byte_and_a_truncated_library(
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site = tmp_path / "site"
     shutil.copytree(installed, site)
     (mlp,) = (site / "sample_models" / "_aoti" / "mlp").rglob("*.so")
@@ -294,26 +336,42 @@ def test_verify_catches_a_flipped_byte_and_a_truncated_library(installed: Path, 
     proc = script("verify", "sample_models", env={**os.environ, "PYTHONPATH": str(site)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("FAILED  mlp: _aoti/mlp/data/aotinductor/model/model.wrapper.so differs from the "
-                               "manifest (sha256 ")  # fmt: skip
+    assert lines[0].startswith(
+        "FAILED  mlp: _aoti/mlp/data/aotinductor/model/model.wrapper.so differs from the manifest (sha256 "
+    )
     assert lines[0].endswith("damaged or modified") and lines[0].count("differs") == 1
     assert lines[1].startswith("FAILED  classifier: _aoti/classifier/data/") and "damaged or modified" in lines[1]
     assert lines[-1].startswith("FAILED:") and "Traceback" not in proc.stderr
 
 
 @pytest.mark.integration
-def test_verify_eager_and_bench_against_eager(sample_dists: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_eager_and_bench_against_eager(
+    sample_dists: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     status, data = cli(capsys, "verify", str(sample_dists[1]), "--eager")
     assert status == 0 and data["passed"] and "sample_models.models" in IMPORTED
     for case in data["models"]["classifier"]["cases"]:
         assert case["max_abs_err"] < 1e-4, case
-    status, data = cli(capsys, "bench", str(sample_dists[1]), "classifier", "--eager", "--repeats", "2",
-                       "--min-time", "0.001", "--cold", "1")  # fmt: skip
+    status, data = cli(
+        capsys,
+        "bench",
+        str(sample_dists[1]),
+        "classifier",
+        "--eager",
+        "--repeats",
+        "2",
+        "--min-time",
+        "0.001",
+        "--cold",
+        "1",
+    )
     result = data["models"]["classifier"]
     assert status == 0 and result["eager"] == "measured" and len(result["per_call"]) == 4  # the build's cases
     assert all(row["eager"]["median_s"] > 0 and row["compiled"]["median_s"] > 0 for row in result["per_call"])
     cold = result["cold_start"]
-    assert cold["ratio"] > 0 and cold["import_torch"]["min_s"] <= cold["import_torch"]["median_s"] and cold["rounds"] == 1
+    assert (
+        cold["ratio"] > 0 and cold["import_torch"]["min_s"] <= cold["import_torch"]["median_s"] and cold["rounds"] == 1
+    )
     assert main(["bench", str(sample_dists[1]), "nope"]) == 2
 
 
@@ -321,17 +379,22 @@ def _spans(trace: Path, name: str) -> tuple[list[dict], list[dict]]:
     """The spans named ``name``, and the other events inside them."""
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     spans = [e for e in events if e["name"] == name]
-    inside = [e for e in events if e["name"] != name
-              and any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)]  # fmt: skip
+    inside = [
+        e
+        for e in events
+        if e["name"] != name and any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)
+    ]
     return spans, inside
 
 
 @pytest.mark.integration
-def test_profile_writes_a_trace_of_the_compiled_model(sample_dists: tuple[Path, Path], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_profile_writes_a_trace_of_the_compiled_model(
+    sample_dists: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "trace.json"
-    status, data = cli(capsys, "profile", str(sample_dists[1]), "classifier", "-o", str(trace), "--calls", "4",
-                       "--shape", "batch=8")  # fmt: skip
+    status, data = cli(
+        capsys, "profile", str(sample_dists[1]), "classifier", "-o", str(trace), "--calls", "4", "--shape", "batch=8"
+    )
     assert status == 0 and data["inputs"] == "float32[8, 3, 16, 16]" and not data["kernel_profile"]
     spans, inside = _spans(trace, "classifier (compiled)")
     assert len(spans) == 4
@@ -340,8 +403,9 @@ def test_profile_writes_a_trace_of_the_compiled_model(sample_dists: tuple[Path, 
 
 
 @pytest.mark.integration
-def test_profile_shows_the_kernels_of_a_profiling_build(mixed_wheel: tuple[Path, str], tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_profile_shows_the_kernels_of_a_profiling_build(
+    mixed_wheel: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The mixed wheel's ``fast`` model is built with ``cpp.enable_kernel_profile``."""
     trace = tmp_path / "trace.json"
     status, data = cli(capsys, "profile", str(mixed_wheel[0]), "fast", "-o", str(trace), "--calls", "3", "--eager")
@@ -355,12 +419,17 @@ def test_profile_shows_the_kernels_of_a_profiling_build(mixed_wheel: tuple[Path,
 
 
 @pytest.mark.integration
-def test_verify_every_backend(mixed_wheel: tuple[Path, str], capsys: pytest.CaptureFixture[str],
-                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_verify_every_backend(
+    mixed_wheel: tuple[Path, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Precompiled models run the package's code when loaded: skipped unless --eager allows it."""
     status, data = cli(capsys, "verify", str(mixed_wheel[0]))
     assert status == 0 and {n: r["status"] for n, r in data["models"].items()} == {
-        "fast": "ok", "guarded": "skipped", "batched": "skipped", "plain": "ok"}
+        "fast": "ok",
+        "guarded": "skipped",
+        "batched": "skipped",
+        "plain": "ok",
+    }
     assert "pass --import-package (or --eager)" in data["models"]["guarded"]["reason"]
     status, data = cli(capsys, "verify", str(mixed_wheel[0]), "--import-package")
     assert status == 0 and {r["status"] for r in data["models"].values()} == {"ok"}, data

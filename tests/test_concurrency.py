@@ -52,8 +52,9 @@ def project(root: Path, pkg: str, own: str, seed: int) -> Path:
 
 def start_build(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"), str(root)]
-    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> str:
@@ -80,9 +81,11 @@ def test_concurrent_builds_share_one_cache(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "cache")
     env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(cache.root), "HATCH_AOTI_JOBS": "1"}
     for round_ in ("cold", "warm"):
-        roots = [project(tmp_path / round_ / "p1", "onepkg", "alpha", 1),
-                 project(tmp_path / round_ / "p1 copy", "onepkg", "alpha", 1),
-                 project(tmp_path / round_ / "p2", "twopkg", "beta", 2)]  # fmt: skip
+        roots = [
+            project(tmp_path / round_ / "p1", "onepkg", "alpha", 1),
+            project(tmp_path / round_ / "p1 copy", "onepkg", "alpha", 1),
+            project(tmp_path / round_ / "p2", "twopkg", "beta", 2),
+        ]
         outputs = [finish(p) for p in [start_build(root, env) for root in roots]]
         if round_ == "warm":
             assert all(o.count("from cache in") == 2 for o in outputs), outputs
@@ -125,8 +128,13 @@ def test_builds_killed_at_any_point_leave_nothing_a_later_build_accepts(tmp_path
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     marker = f"HATCH_AOTI_TEST_BUILD={uuid.uuid4().hex}"
-    env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(cache.root), "TMPDIR": str(tmp), "HATCH_AOTI_JOBS": "2",
-           marker.split("=")[0]: marker.split("=")[1]}  # fmt: skip
+    env = {
+        **os.environ,
+        "HATCH_AOTI_CACHE_DIR": str(cache.root),
+        "TMPDIR": str(tmp),
+        "HATCH_AOTI_JOBS": "2",
+        marker.split("=")[0]: marker.split("=")[1],
+    }
 
     def staged(*parts: str) -> Callable[[], bool]:
         return lambda: any(p.joinpath(*parts).exists() for p in tmp.glob(f"{_stage_prefix(root)}*"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hatch_aoti.settings.config import (
-    HOOK_PATH,
+    HATCH_TABLE,
     ConfigError,
     DimSpec,
     ModelSpec,
@@ -13,7 +13,7 @@ from hatch_aoti.settings.config import (
     parse_settings,
 )
 
-M = f"{HOOK_PATH}.models"
+M = f"{HATCH_TABLE}.models"
 
 
 def problems(raw: dict) -> dict[str, str]:
@@ -44,7 +44,7 @@ def test_reserved_hatch_keys_are_left_to_hatchling() -> None:
         "models": {"m": {"factory": "a:b", "inputs": []}},
     }
     assert [m.name for m in hook_settings(table).models] == ["m"]
-    assert "unknown key" in problems(table)[f"{HOOK_PATH}.dependencies"], "other tables have no such keys"
+    assert "unknown key" in problems(table)[f"{HATCH_TABLE}.dependencies"], "other tables have no such keys"
 
 
 def test_every_problem_is_reported_at_once_with_its_path() -> None:
@@ -57,7 +57,7 @@ def test_every_problem_is_reported_at_once_with_its_path() -> None:
             },
         }
     )
-    assert found[f"{HOOK_PATH}.packag"].startswith("unknown key (did you mean `package`?)")
+    assert found[f"{HATCH_TABLE}.packag"].startswith("unknown key (did you mean `package`?)")
     assert "did you mean `factory`" in found[f"{M}.mlp.factroy"]
     assert "is required" in found[f"{M}.mlp.factory"]
     assert "did you mean `float32`" in found[f"{M}.mlp.inputs[0].dtype"]
@@ -113,13 +113,14 @@ def test_model_problems(model: dict, path: str, fragment: str) -> None:
 
 def test_hook_level_problems() -> None:
     found = problems({"loader": "not-a-module", "torch-requirement": "numpy>1", "package": "1pkg"})
-    assert f"{HOOK_PATH}.models" in found
-    assert "Python module name" in found[f"{HOOK_PATH}.loader"]
-    assert "requirement on torch" in found[f"{HOOK_PATH}.torch-requirement"]
-    assert "importable package name" in found[f"{HOOK_PATH}.package"]
-    assert "not a valid requirement" in problems({"models": {}, "torch-requirement": "torch=="})[
-        f"{HOOK_PATH}.torch-requirement"
-    ]
+    assert f"{HATCH_TABLE}.models" in found
+    assert "Python module name" in found[f"{HATCH_TABLE}.loader"]
+    assert "requirement on torch" in found[f"{HATCH_TABLE}.torch-requirement"]
+    assert "importable package name" in found[f"{HATCH_TABLE}.package"]
+    assert (
+        "not a valid requirement"
+        in problems({"models": {}, "torch-requirement": "torch=="})[f"{HATCH_TABLE}.torch-requirement"]
+    )
 
 
 def test_model_names_must_be_identifiers() -> None:
@@ -176,7 +177,7 @@ def test_a_target_the_build_machine_cannot_run_is_refused_before_compiling() -> 
     table = {"cpu-target": "x86-64-v4", "models": {"m": {"factory": "a:b", "inputs": []}}}
     with pytest.raises(ConfigError) as info:
         parse_settings(table, machine="x86_64", flags=set(X86_64_V3))
-    message = dict(info.value.problems)[f"{HOOK_PATH}.cpu-target"]
+    message = dict(info.value.problems)[f"{HATCH_TABLE}.cpu-target"]
     assert "lacks (avx512bw, avx512cd, avx512dq, avx512f, avx512vl)" in message
     assert parse_settings(table, machine="x86_64", flags=set(X86_64_V4)).models[0].cpu_target == "x86-64-v4"
 
@@ -191,7 +192,10 @@ def test_the_table_path_is_the_one_the_user_wrote() -> None:
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"models": {"m": {"factroy": "a:b", "inputs": []}}}, SETUPTOOLS_TABLE)
-    assert [p for p, _ in info.value.problems] == ["tool.hatch-aoti.models.m.factroy", "tool.hatch-aoti.models.m.factory"]
+    assert [p for p, _ in info.value.problems] == [
+        "tool.hatch-aoti.models.m.factroy",
+        "tool.hatch-aoti.models.m.factory",
+    ]
 
 
 def test_torch_requirement_must_allow_the_build_torch() -> None:
@@ -206,18 +210,40 @@ def test_torch_requirement_must_allow_the_build_torch() -> None:
     with pytest.raises(ConfigError) as info:
         torch_requirement(settings("torch==2.12.*"), "2.13.0+cpu")
     ((path, message),) = info.value.problems
-    assert path == f"{HOOK_PATH}.torch-requirement"
+    assert path == f"{HATCH_TABLE}.torch-requirement"
     assert "'torch==2.12.*' does not allow the torch in the build environment (2.13.0+cpu)" in message
 
 
-def test_reference_tables_in_the_readme_are_generated_from_the_settings() -> None:
+def test_the_reference_and_the_schema_are_generated_from_the_settings() -> None:
     from pathlib import Path
 
-    from hatch_aoti.settings.docs import reference_tables
+    from hatch_aoti.settings.docs import PAGE, SCHEMA, reference_tables, schema_text
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).resolve().parent.parent
+    page = (root / PAGE).read_text(encoding="utf-8")
     for marker, table in reference_tables().items():
         start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
-        assert start in readme, f"README lacks the {marker} table"
-        written = readme.split(start, 1)[1].split(end, 1)[0]
-        assert written == table, f"README's {marker} table is stale: run `python -m hatch_aoti.settings.docs --write`"
+        assert start in page, f"{PAGE} lacks the {marker} table"
+        written = page.split(start, 1)[1].split(end, 1)[0]
+        assert written == table, f"{PAGE}'s {marker} table is stale: run `python -m hatch_aoti.settings.docs --write`"
+    assert (root / SCHEMA).read_text(encoding="utf-8") == schema_text(), f"{SCHEMA} is stale: run the same"
+
+
+def test_validate_pyproject_checks_the_table_with_the_schema() -> None:
+    """Through the ``validate_pyproject.tool_schema`` entry point, as editors and pre-commit use it."""
+    import tomllib
+    from conftest import REPO
+    from validate_pyproject import api
+
+    validator = api.Validator()
+    document = tomllib.loads((REPO / "sample_project_setuptools" / "pyproject.toml").read_text(encoding="utf-8"))
+    validator(document)
+    for misspelt, where in (
+        ({"torch-requirment": "x"}, "`tool.hatch-aoti`"),
+        ({"models": {"m": {"factory": "a:b", "inptus": []}}}, "`tool.hatch-aoti.models.m`"),
+        ({"models": {"m": {"factory": "a:b", "dynamic": {"n": {"min": "1"}}}}}, "min"),
+        ({"models": {"bad-name": {"factory": "a:b"}}}, "`tool.hatch-aoti.models` keys must be named"),
+    ):
+        with pytest.raises(Exception, match=where) as info:
+            validator({**document, "tool": {"hatch-aoti": misspelt}})
+        assert type(info.value).__name__ in ("ValidationError", "JsonSchemaValueException"), info.value

@@ -166,7 +166,9 @@ def test_samples_that_cannot_match_forward_are_named_before_export(tmp_path: Pat
     )
     assert "hatch-aoti found 2 problems" in text
     message = text.split(f"{M}.nested.example-inputs: ", 1)[1].split("\n  - ", 1)[0]
-    assert message.startswith("Single.forward failed on sample 0, called with x=a tuple (a float32 tensor of shape [2, 4])")
+    assert message.startswith(
+        "Single.forward failed on sample 0, called with x=a tuple (a float32 tensor of shape [2, 4])"
+    )
     assert "TypeError: linear(): argument 'input'" in message and "return (x,), not ((x,),)" in message
     assert f"{M}.narrowed.dynamic.batch.max: is 1, below the largest size of 'batch' in the samples (2)" in text
 

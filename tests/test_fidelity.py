@@ -130,8 +130,9 @@ HOOK = """
 
 @pytest.fixture(scope="session")
 def fidelity_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    root = write_project(tmp_path_factory.mktemp("fidelity") / "proj", "fidpkg", HOOK, {"models.py": MODELS},
-                         torch="torch==2.13.0")  # the precompiled model's exact pin, stated by the project
+    root = write_project(
+        tmp_path_factory.mktemp("fidelity") / "proj", "fidpkg", HOOK, {"models.py": MODELS}, torch="torch==2.13.0"
+    )  # the precompiled model's exact pin, stated by the project
     proc = build_no_isolation(root, root / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"})
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel, proc.stderr
@@ -154,14 +155,17 @@ def in_runtime(runtime: Runtime, code: str) -> Any:
 
 @pytest.mark.integration
 def test_python_numbers_come_back_as_the_eager_model_returns_them(fidelity: Runtime) -> None:
-    result = in_runtime(fidelity, """
+    result = in_runtime(
+        fidelity,
+        """
         model, eager = compiled.load("numbers"), models.numbers()
         x = torch.randn(5, 3)
         got, want = model(x), eager(x)
         assert_close(got[0], want[0])
         print(json.dumps({"got": [type(v).__name__ for v in got], "want": [type(v).__name__ for v in want],
                           "values": list(got[1:]), "eager": list(want[1:])}))
-    """)
+    """,
+    )
     assert result["got"] == result["want"] == ["Tensor", "int", "int"]
     assert result["values"] == result["eager"] == [4, 10]
 
@@ -183,7 +187,9 @@ def test_verification_compares_types_and_names_the_output() -> None:
 
 @pytest.mark.integration
 def test_inputs_are_written_as_eager_writes_them(fidelity: Runtime, fidelity_wheel: tuple[Path, str]) -> None:
-    result = in_runtime(fidelity, """
+    result = in_runtime(
+        fidelity,
+        """
         model, eager = compiled.load("mutates"), models.mutates()
         out = {}
         for layout in ("contiguous", "transposed", "inference"):
@@ -197,8 +203,10 @@ def test_inputs_are_written_as_eager_writes_them(fidelity: Runtime, fidelity_whe
                 assert_close(x, ex)  # the caller's own tensor, doubled
                 assert_close(y, ey)
                 out[layout] = x.is_contiguous()
-        print(json.dumps({"layouts": out, "mutated": [l.get("mutated", False) for l in compiled.info("mutates")["call"]]}))
-    """)
+        mutated = [leaf.get("mutated", False) for leaf in compiled.info("mutates")["call"]]
+        print(json.dumps({"layouts": out, "mutated": mutated}))
+    """,
+    )
     assert result == {"layouts": {"contiguous": True, "transposed": False, "inference": True}, "mutated": [True, False]}
     assert "mutates: compiled in" in fidelity_wheel[1], "a model that writes its input builds and verifies"
 
@@ -227,11 +235,14 @@ def test_verification_compares_the_inputs_after_the_call() -> None:
 
 @pytest.mark.integration
 def test_keyword_nested_and_dict_calls_match_eager(fidelity: Runtime) -> None:
-    result = in_runtime(fidelity, """
+    result = in_runtime(
+        fidelity,
+        """
         kw, nested = compiled.load("keyword_only"), compiled.load("nested")
         x, s, b = torch.randn(2, 8), torch.randn(2, 1), torch.randn(3)
         assert_close(kw(x, scale=s, bias=b), models.keyword_only()(x, scale=s, bias=b))
-        xs, parts = [torch.randn(3, 4), torch.randn(3, 4).t().contiguous().t()], {"b": torch.randn(5), "a": torch.randn(5)}
+        xs = [torch.randn(3, 4), torch.randn(3, 4).t().contiguous().t()]
+        parts = {"b": torch.randn(5), "a": torch.randn(5)}
         got, want = nested(xs, parts), models.nested()(xs, parts)
         assert_close(got, want)
         errors = []
@@ -243,7 +254,8 @@ def test_keyword_nested_and_dict_calls_match_eager(fidelity: Runtime) -> None:
             except (TypeError, ValueError) as exc:
                 errors.append(type(exc).__name__)
         print(json.dumps({"types": [type(got["prod"]).__name__, type(got["prod"][1]).__name__], "errors": errors}))
-    """)
+    """,
+    )
     assert result["types"] == ["tuple", "int"]
     assert result["errors"] == ["TypeError", "TypeError", "TypeError", "TypeError", "ValueError"]
 
@@ -259,12 +271,26 @@ def fake_model(loader: Any, inputs: Any, outputs: Any, run: Any, **leaf: Any) ->
     in_leaves, in_spec = pytree.tree_flatten((inputs, {}))
     out_leaves, out_spec = pytree.tree_flatten(outputs)
     engine = types.SimpleNamespace(
-        name="fake", device="cpu", _file="", _runner=None, _weights=None, _run=run, _pytree=pytree,
-        _tensor=torch.Tensor, _strided=torch.strided, _in_spec=in_spec, _out_spec=out_spec, _n_args=len(inputs),
-        _kwarg_names=(), _constants=[], _tensor_index=list(range(len(in_leaves))), _mutated=[], _complex=False,
+        name="fake",
+        device="cpu",
+        _file="",
+        _runner=None,
+        _weights=None,
+        _run=run,
+        _pytree=pytree,
+        _tensor=torch.Tensor,
+        _strided=torch.strided,
+        _in_spec=in_spec,
+        _out_spec=out_spec,
+        _n_args=len(inputs),
+        _kwarg_names=(),
+        _constants=[],
+        _tensor_index=list(range(len(in_leaves))),
+        _mutated=[],
+        _complex=False,
         _leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
         _outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
-    )  # fmt: skip
+    )
     engine._checks = [loader._tensor_check(torch, leaf) for leaf in engine._leaves]
     for method in ("_flatten", "_reject"):
         setattr(engine, method, types.MethodType(getattr(loader._CompiledModel, method), engine))
@@ -276,7 +302,9 @@ def test_generated_calls_take_any_container_of_tensors(tmp_path: Path) -> None:
 
     loader = loader_module(tmp_path)
     x = torch.ones(2)
-    model = fake_model(loader, ({1: x, "k": [x, (x,)]},), (x, (), {2: [x]}, 3), lambda flat: [flat[0], flat[1], 3 + 0 * x.sum()])
+    model = fake_model(
+        loader, ({1: x, "k": [x, (x,)]},), (x, (), {2: [x]}, 3), lambda flat: [flat[0], flat[1], 3 + 0 * x.sum()]
+    )
     got = model({"k": [x, (x,)], 1: x * 2})  # keys in another order, one of them not a string
     assert got[1:] == ((), {2: [x]}, 3) and type(got[3]) is int and torch.equal(got[0], x * 2)
     with pytest.raises(TypeError, match="do not have the structure it was built with"):
@@ -292,7 +320,9 @@ def test_generated_calls_take_any_container_of_tensors(tmp_path: Path) -> None:
 def test_dims_related_by_a_rule_build_and_are_enforced(fidelity: Runtime, fidelity_wheel: tuple[Path, str]) -> None:
     log = fidelity_wheel[1]
     assert "frames: dims are related, as torch.export found: _dim0 in [10, 20], dim0 = 320*_dim0" in log
-    result = in_runtime(fidelity, """
+    result = in_runtime(
+        fidelity,
+        """
         out = {}
         for name in ("frames", "framed"):
             model, eager = compiled.load(name), models.frames()
@@ -305,23 +335,26 @@ def test_dims_related_by_a_rule_build_and_are_enforced(fidelity: Runtime, fideli
                 out[name] = str(exc)
             out[name + " info"] = compiled.info(name)["dynamic"]
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert "with dim0 = 320*_dim0]; got float32 on cpu with shape [2, 4801]" in result["frames"]
     assert "samples in [3200, 6400] with samples = 320*frames]" in result["framed"]
-    assert result["framed info"] == {"frames": {"min": 10, "max": 20},
-                                     "samples": {"min": 3200, "max": 6400, "rule": "320*frames"}}  # fmt: skip
+    assert result["framed info"] == {
+        "frames": {"min": 10, "max": 20},
+        "samples": {"min": 3200, "max": 6400, "rule": "320*frames"},
+    }
     assert result["frames info"]["dim0"] == {"min": 3200, "max": 6400, "rule": "320*_dim0"}
 
 
 def test_rules_in_the_dynamic_table_are_checked() -> None:
-    from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
+    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
 
     def problems(dynamic: dict[str, Any]) -> dict[str, str]:
         table = {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, "samples"]}], "dynamic": dynamic}}}
         try:
             parse_settings(table, machine="x86_64", flags=set())
         except ConfigError as exc:
-            return {path.removeprefix(f"{HOOK_PATH}.models.m.dynamic."): message for path, message in exc.problems}
+            return {path.removeprefix(f"{HATCH_TABLE}.models.m.dynamic."): message for path, message in exc.problems}
         return {}
 
     assert problems({"samples": "320*frames", "frames": {"min": 10, "max": 20}}) == {}
@@ -346,7 +379,8 @@ def test_the_relations_torch_suggests_are_read_from_its_message() -> None:
         The error above occurred when calling torch.export.export.""")
     assert suggested_rules(message, {"samples"}, {}) == {"_samples": DimSpec(10, 20), "samples": "320*_samples"}
     assert suggested_rules(message.replace(", min=10", ""), {"samples"}, {})["_samples"] == DimSpec(2, 20), (
-        "torch leaves out a min of 2")
+        "torch leaves out a min of 2"
+    )
     assert suggested_rules(message.replace("320*_samples", "320"), {"samples"}, {}) is None, "no static sizes"
     narrower = message.replace("_samples = Dim('_samples'", "samples = Dim('samples'")
     assert suggested_rules(narrower, {"samples"}, {}) is None, "narrower bounds than declared are not applied"
@@ -362,7 +396,9 @@ def test_the_relations_torch_suggests_are_read_from_its_message() -> None:
 
 @pytest.mark.integration
 def test_precompile_covers_its_whole_range_in_regions(fidelity: Runtime) -> None:
-    result = in_runtime(fidelity, """
+    result = in_runtime(
+        fidelity,
+        """
         info = compiled.info("conv")
         model, eager = compiled.load("conv"), models.convnet().eval()
         sizes = sorted({b for r in info["regions"] for b in r["dims"]["batch"]})
@@ -372,7 +408,8 @@ def test_precompile_covers_its_whole_range_in_regions(fidelity: Runtime) -> None
                 assert_close(model(x), eager(x))
         print(json.dumps({"regions": [r["dims"]["batch"] for r in info["regions"]], "checked": sizes,
                           "tried": [t["inputs"] for t in info["verification"]["tried"]]}))
-    """)
+    """,
+    )
     regions = result["regions"]
     assert regions[0] == [1, 1] and regions[-1][1] == 64 and len(regions) >= 2
     assert all(a[1] + 1 == b[0] for a, b in zip(regions, regions[1:])), "the regions cover 1-64 without gaps"
@@ -385,10 +422,18 @@ def test_a_guard_narrower_than_the_region_splits_it() -> None:
     from hatch_aoti.backends.precompile import _small_sizes_apart, _split
     from hatch_aoti.worker.inputs import InputPlan
 
-    plan = InputPlan(((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}), [], None, {"batch": (1, 64)}, {},
-                     [{0: "batch"}, {0: "batch"}])  # fmt: skip
-    guard = ("Not all values of L['args'][0].size()[0] in the specified range L['args'][0].size()[0] <= 64 satisfy "
-             "the generated guard 2 <= L['args'][0].size()[0] and L['args'][0].size()[0] <= 15")  # fmt: skip
+    plan = InputPlan(
+        ((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}),
+        [],
+        None,
+        {"batch": (1, 64)},
+        {},
+        [{0: "batch"}, {0: "batch"}],
+    )
+    guard = (
+        "Not all values of L['args'][0].size()[0] in the specified range L['args'][0].size()[0] <= 64 satisfy "
+        "the generated guard 2 <= L['args'][0].size()[0] and L['args'][0].size()[0] <= 15"
+    )
     assert _split({"batch": [2, 64]}, RuntimeError(guard), plan) == [{"batch": [2, 15]}, {"batch": [16, 64]}]
     kwargs = guard.replace("L['args'][0]", "L['kwargs']['mask']").replace("<= 15", "< 9")
     assert _split({"batch": [2, 64]}, RuntimeError(kwargs), plan) == [{"batch": [2, 8]}, {"batch": [9, 64]}]
@@ -433,8 +478,9 @@ QEMU = shutil.which("qemu-x86_64")
 
 @pytest.mark.integration
 @pytest.mark.skipif(QEMU is None or sys.platform != "linux", reason="qemu-user (apt qemu-user) is not installed")
-def test_an_emulated_older_cpu_is_refused_cleanly(fidelity_wheel: tuple[Path, str], runtime: Runtime,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_an_emulated_older_cpu_is_refused_cleanly(
+    fidelity_wheel: tuple[Path, str], runtime: Runtime, tmp_path: Path
+) -> None:
     """Under ``qemu-x86_64 -cpu Haswell`` (AVX2, no AVX-512), /proc/cpuinfo still shows the host's flags."""
     with zipfile.ZipFile(fidelity_wheel[0]) as zf:
         zf.extractall(tmp_path)
@@ -442,8 +488,10 @@ def test_an_emulated_older_cpu_is_refused_cleanly(fidelity_wheel: tuple[Path, st
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     manifest["models"]["numbers"]["cpu"]["features"] += ["avx512f", "avx512bw"]  # as a build for AVX-512 has
     manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
-    code = ("import torch\nfrom fidpkg import compiled\ntry:\n    compiled.load('numbers')\n    print('loaded')\n"
-            "except RuntimeError as exc:\n    print(exc)\n")  # fmt: skip
+    code = (
+        "import torch\nfrom fidpkg import compiled\ntry:\n    compiled.load('numbers')\n    print('loaded')\n"
+        "except RuntimeError as exc:\n    print(exc)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     emulated = run([QEMU, "-cpu", "Haswell", str(runtime.python), "-c", code], env=env, cwd=tmp_path)
     assert "this CPU lacks avx512f, avx512bw" in emulated.stdout, emulated.stdout + emulated.stderr
@@ -457,8 +505,12 @@ def test_an_emulated_older_cpu_is_refused_cleanly(fidelity_wheel: tuple[Path, st
 
 @pytest.mark.integration
 def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_wheel: tuple[Path, str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "hatch_aoti", "verify", str(fidelity_wheel[0]), "--eager",
-                           "--import-package", "--json"], capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatch_aoti", "verify", str(fidelity_wheel[0]), "--eager", "--import-package", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     data = json.loads(proc.stdout)
     statuses = {name: (r["status"], r["reason"]) for name, r in data["models"].items()}
     assert all(status == "ok" for status, _ in statuses.values()), statuses
@@ -476,13 +528,17 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
 
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler to make the library")
-def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_wheel: tuple[Path, str],
-                                                                      runtime: Runtime, tmp_path: Path) -> None:  # fmt: skip
+def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(
+    fidelity_wheel: tuple[Path, str], runtime: Runtime, tmp_path: Path
+) -> None:
     from hatch_aoti.build.tagging import torch_symbols
 
     source = tmp_path / "needs.c"
-    source.write_text("void aoti_torch_hatch_aoti_missing_v9(void);\nint run(void) { aoti_torch_hatch_aoti_missing_v9(); "
-                      "return 0; }\n", encoding="utf-8")  # fmt: skip
+    source.write_text(
+        "void aoti_torch_hatch_aoti_missing_v9(void);\nint run(void) { aoti_torch_hatch_aoti_missing_v9(); "
+        "return 0; }\n",
+        encoding="utf-8",
+    )
     library = tmp_path / "needs.so"
     run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)])
     assert torch_symbols(library) == ["aoti_torch_hatch_aoti_missing_v9"], "recorded from its ELF dynamic symbols"
@@ -494,8 +550,9 @@ def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_w
     entry = manifest["models"]["numbers"]
     assert "aoti_torch_empty_strided" in entry["torch_symbols"], "what a real library takes from libtorch"
     shutil.copyfile(library, site / "fidpkg" / "_aoti" / "numbers" / entry["file"])
-    code = ("from fidpkg import compiled\ntry:\n    compiled.load('numbers')\nexcept RuntimeError as exc:\n"
-            "    print(exc)\n")  # fmt: skip
+    code = (
+        "from fidpkg import compiled\ntry:\n    compiled.load('numbers')\nexcept RuntimeError as exc:\n    print(exc)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}
     for recorded in (True, False):  # checked before loading; a manifest without the record: the loader's error
         entry["torch_symbols"] = torch_symbols(library) if recorded else []
@@ -508,8 +565,11 @@ def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(fidelity_w
     run(["gcc", "-shared", "-fPIC", "-o", str(site / "fidpkg" / "_aoti" / "numbers" / entry["file"]), str(source)])
     proc = run([str(runtime.python), "-c", code], env=env, cwd=tmp_path)
     assert "compiled model 'numbers' was built with torch 2.13.0" in proc.stdout, proc.stdout + proc.stderr
-    assert "calls AOTInductorModelContainerCreateWithDevice, which the library lacks: a model container it does " \
-        "not know" in proc.stdout and "Traceback" not in proc.stderr
+    assert (
+        "calls AOTInductorModelContainerCreateWithDevice, which the library lacks: a model container it does not know"
+        in proc.stdout
+        and "Traceback" not in proc.stderr
+    )
 
 
 # -- the torch requirement: the prepared metadata is the wheel's ---------------------------------------------

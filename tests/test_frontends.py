@@ -99,8 +99,11 @@ def kwargs_wheel(tmp_path_factory: pytest.TempPathFactory, build_env: dict[str, 
         {"models.py": KWARGS_MODELS},
     )
     out = root / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(root)],
-        env=build_env, cwd=root)  # fmt: skip
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(root)],
+        env=build_env,
+        cwd=root,
+    )
     (wheel,) = out.glob("kwpkg-*.whl")
     return wheel
 
@@ -153,8 +156,10 @@ def test_pip_wheel_kwargs_and_dict_outputs(kwargs_wheel: Path, runtime: Runtime)
     )
     assert result["keys"] == ["norm", "y"] and result["err"] < 1e-5
     assert "'scaled'" in result["missing"] and "bias" in result["missing"]
-    assert result["kwargs"] == {"scale": {"shape": [2, 1], "dtype": "float32"},
-                                "bias": {"shape": [4], "dtype": "float32"}}
+    assert result["kwargs"] == {
+        "scale": {"shape": [2, 1], "dtype": "float32"},
+        "bias": {"shape": [4], "dtype": "float32"},
+    }
 
 
 def test_int64_tokens_with_dynamic_batch_and_sequence(kwargs_wheel: Path, runtime: Runtime) -> None:
@@ -229,12 +234,15 @@ def test_editable_install_loads_compiled_models(src_project: Path, dev_venv: Pat
     run([str(python), "-m", "pip", "install", "-q", "hatchling", "editables", "hatch-aoti"], env=build_env)
     run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(src_project)], env=build_env)
     probe = run(
-        [str(python), "-c",
-         "import torch, srcpkg, srcpkg.aot as aot; from srcpkg.models import build;"
-         "t = torch.randint(0, 50, (3, 7));"
-         "print(srcpkg.__file__); print((aot.load('tagger')(t) - build()(t)).abs().max().item())"],
+        [
+            str(python),
+            "-c",
+            "import torch, srcpkg, srcpkg.aot as aot; from srcpkg.models import build;"
+            "t = torch.randint(0, 50, (3, 7));"
+            "print(srcpkg.__file__); print((aot.load('tagger')(t) - build()(t)).abs().max().item())",
+        ],
         cwd=dev_venv,
-    )  # fmt: skip
+    )
     package_file, err = probe.stdout.split()
     assert Path(package_file).resolve() == (src_project / "src" / "srcpkg" / "__init__.py").resolve()
     assert float(err) < 1e-5
@@ -242,8 +250,10 @@ def test_editable_install_loads_compiled_models(src_project: Path, dev_venv: Pat
     assert after == before, "an editable install must not write into the source tree"
     # `hatch-aoti` finds the editable install's models by package and by loader name.
     site = next((dev_venv / "lib").glob("python3.*/site-packages"))
-    cli = (f"import site, sys; site.addsitedir({str(site)!r}); from hatch_aoti.cli import main;"
-           "sys.exit(main(['verify', sys.argv[1], '--json']))")  # fmt: skip
+    cli = (
+        f"import site, sys; site.addsitedir({str(site)!r}); from hatch_aoti.cli import main;"
+        "sys.exit(main(['verify', sys.argv[1], '--json']))"
+    )
     for name in ("srcpkg", "srcpkg.aot"):
         report = json.loads(run([sys.executable, "-c", cli, name], cwd=dev_venv).stdout)
         assert report["passed"] and report["models"]["tagger"]["status"] == "ok", report

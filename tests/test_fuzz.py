@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hatch_aoti.settings.config import DTYPES, HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.settings.config import DTYPES, HATCH_TABLE, ConfigError, parse_settings
 from hatch_aoti.settings.cpu_targets import X86_64_V4
 
 VALID: dict[str, Any] = {
@@ -41,12 +41,18 @@ VALID: dict[str, Any] = {
 # What tomllib can hand us: strings, integers, floats (inf and nan too), booleans, dates and
 # times, arrays and tables.
 scalars = st.one_of(
-    st.text(max_size=12), st.integers(-(2**63), 2**63 - 1), st.floats(), st.booleans(),
-    st.datetimes(), st.dates(), st.times(),
+    st.text(max_size=12),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(),
+    st.booleans(),
+    st.datetimes(),
+    st.dates(),
+    st.times(),
     st.sampled_from(["float32", "bool", "cpu", "cuda:1", "native", "x86-64-v4", "a:b", "batch", "", "torch"]),
-)  # fmt: skip
+)
 toml_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
 
@@ -70,16 +76,16 @@ def _at(table: Any, where: tuple[Any, ...]) -> Any:
 
 
 def toml_path(where: tuple[Any, ...]) -> str:
-    return HOOK_PATH + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
+    return HATCH_TABLE + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
 
 
 def related(problem: str, mutated: str) -> bool:
     """The problem is about the mutated place, what contains it, what it contains, or its model."""
     if problem == mutated or problem.startswith((f"{mutated}.", f"{mutated}[")) or mutated.startswith(problem):
         return True
-    model = f"{HOOK_PATH}.models."
+    model = f"{HATCH_TABLE}.models."
     if mutated.startswith(model) and problem.startswith(model):
-        return mutated[len(model):].split(".")[0] == problem[len(model):].split(".")[0]
+        return mutated[len(model) :].split(".")[0] == problem[len(model) :].split(".")[0]
     return False
 
 
@@ -137,8 +143,11 @@ def test_any_value_anywhere_is_accepted_or_named(where: tuple[Any, ...], value: 
 
 
 @settings(max_examples=200, deadline=None)
-@given(where=st.sampled_from([p for p in [(), *paths(VALID)] if isinstance(_at(VALID, p), dict)]),
-       key=st.text(min_size=1, max_size=10), value=toml_values)  # fmt: skip
+@given(
+    where=st.sampled_from([p for p in [(), *paths(VALID)] if isinstance(_at(VALID, p), dict)]),
+    key=st.text(min_size=1, max_size=10),
+    value=toml_values,
+)
 def test_any_key_anywhere_is_accepted_or_named(where: tuple[Any, ...], key: str, value: Any) -> None:
     table = copy.deepcopy(VALID)
     node = _at(table, where)
@@ -175,9 +184,12 @@ def tensors(shape: list[int]) -> st.SearchStrategy[Any]:
     sizes = st.one_of(
         st.just(shape),
         st.lists(st.integers(0, 70), min_size=max(0, len(shape) - 1), max_size=len(shape) + 1),
-        st.builds(lambda i, n: [n if j == i else s for j, s in enumerate(shape)],
-                  st.integers(0, len(shape) - 1), st.integers(0, 70)),
-    )  # fmt: skip
+        st.builds(
+            lambda i, n: [n if j == i else s for j, s in enumerate(shape)],
+            st.integers(0, len(shape) - 1),
+            st.integers(0, 70),
+        ),
+    )
     dtypes = st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16, torch.int64, torch.bool])
     devices = st.sampled_from(["cpu", "cpu", "cpu", "meta"])
     layouts = st.sampled_from(["contiguous", "contiguous", "transposed", "strided", "channels_last"])
@@ -192,8 +204,9 @@ def not_tensors() -> st.SearchStrategy[Any]:
     import numpy
 
     arrays = st.builds(lambda n: numpy.zeros((4, n), dtype=numpy.float32), st.integers(0, 130))
-    return st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=3), st.lists(st.floats(), max_size=3),
-                     arrays)  # fmt: skip
+    return st.one_of(
+        st.none(), st.integers(), st.floats(), st.text(max_size=3), st.lists(st.floats(), max_size=3), arrays
+    )
 
 
 def calls(shape: list[int]) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -272,7 +285,7 @@ def test_inputs_of_any_layout_give_what_eager_gives(sample: Any) -> None:
         views = {
             "transposed": x.mT.contiguous().mT,
             "strided": x.repeat_interleave(2, dim=-1)[..., ::2],
-            "offset": torch.cat([x, x])[len(x):],
+            "offset": torch.cat([x, x])[len(x) :],
             **({"channels_last": x.contiguous(memory_format=torch.channels_last)} if x.dim() == 4 else {}),
         }
         with torch.inference_mode():

@@ -140,8 +140,10 @@ def test_dynamic_may_widen_inferred_bounds_but_not_narrow_them() -> None:
     samples = normalise_samples([(torch.zeros(2, 3),), (torch.zeros(6, 3),)])
     wide = plan_from_samples(spec(dynamic={"batch": DimSpec(1, 32)}, example_inputs="a:c", inputs=None), samples, ["x"])
     assert wide.dims == {"batch": (1, 32)}
-    for bounds, key, fragment in ((DimSpec(min=4), "dynamic.batch.min", "above the smallest size"),
-                                  (DimSpec(max=5), "dynamic.batch.max", "below the largest size")):  # fmt: skip
+    for bounds, key, fragment in (
+        (DimSpec(min=4), "dynamic.batch.min", "above the smallest size"),
+        (DimSpec(max=5), "dynamic.batch.max", "below the largest size"),
+    ):
         with pytest.raises(InputError) as info:
             plan_from_samples(spec(dynamic={"batch": bounds}, example_inputs="a:c", inputs=None), samples, ["x"])
         assert info.value.key == key and fragment in str(info.value)
@@ -167,8 +169,10 @@ def test_verify_remakes_the_builds_inputs_from_the_manifest() -> None:
     plan = plan_declared(model, ["tokens", "scale", "mask"], seed=7)
     args, kwargs = plan.export_sample
     exported = torch.export.export(Model(), args, kwargs, dynamic_shapes=plan.dynamic_shapes)
-    tried = [{"inputs": label, "shapes": [list(t.shape) for t in pytree.tree_leaves(s)], "seed": plan.seed}
-             for label, s in plan.verify_samples]  # fmt: skip
+    tried = [
+        {"inputs": label, "shapes": [list(t.shape) for t in pytree.tree_leaves(s)], "seed": plan.seed}
+        for label, s in plan.verify_samples
+    ]
     entry = {"call": describe_call(exported, plan), "verification": {"tried": tried}}
     assert entry["call"][0]["low"] == 3 and entry["call"][0]["high"] == 40 and "low" not in entry["call"][2]
     cases = calls.cases(entry)
@@ -181,5 +185,7 @@ def test_verify_remakes_the_builds_inputs_from_the_manifest() -> None:
 def test_inputs_remade_for_samples_keep_the_integers_the_samples_hold() -> None:
     small, large = torch.randint(5, 9, (2, 3)), torch.randint(5, 12, (4, 3))
     plan = plan_from_samples(spec(), [((small, torch.randn(2)), {}), ((large, torch.randn(4)), {})], ["ids", "x"])
-    assert plan.seed is None and plan.values == [(int(min(small.min(), large.min())), int(max(small.max(), large.max())) + 1),
-                                                 (None, None)]  # fmt: skip
+    assert plan.seed is None and plan.values == [
+        (int(min(small.min(), large.min())), int(max(small.max(), large.max())) + 1),
+        (None, None),
+    ]

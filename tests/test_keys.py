@@ -17,8 +17,9 @@ from hatch_aoti.worker.inputs import plan_declared
 def program():
     torch.manual_seed(0)
     exported = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(2, 3),))
-    (spec,) = parse_settings({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}},
-                             machine="x86_64", flags=set()).models  # fmt: skip
+    (spec,) = parse_settings(
+        {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}}, machine="x86_64", flags=set()
+    ).models
     return exported, spec, plan_declared(spec, ["input"])
 
 

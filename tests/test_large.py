@@ -168,8 +168,11 @@ def test_a_full_disk_fails_the_build_saying_where_and_how_much(
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().split(f"[{TABLES['hatch']}.models.quantized]")[0])
     with small_disk(tmp_path / "disk", "8m") as disk:
-        env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(disk / "cache")} if full == "cache" else {
-            **os.environ, "TMPDIR": str(disk), "HATCH_AOTI_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+        env = (
+            {**os.environ, "HATCH_AOTI_CACHE_DIR": str(disk / "cache")}
+            if full == "cache"
+            else {**os.environ, "TMPDIR": str(disk), "HATCH_AOTI_CACHE_DIR": str(tmp_path / "cache")}
+        )
         proc = build_no_isolation(project, project / "dist", check=False, env=env)
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0 and "Traceback" not in text, text

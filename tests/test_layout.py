@@ -45,9 +45,17 @@ def imports(name: str, *, top_level_only: bool = False) -> set[str]:
 
 def _type_checking_only(tree: ast.Module) -> set[str]:
     blocks = [n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-    return {imp for block in blocks for node in ast.walk(block) if isinstance(node, (ast.Import, ast.ImportFrom))
-            for imp in ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                        [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)])}  # fmt: skip
+    return {
+        imp
+        for block in blocks
+        for node in ast.walk(block)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for imp in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        )
+    }
 
 
 def reached_from(start: str) -> dict[str, str]:
@@ -97,10 +105,12 @@ def test_no_module_imports_itself_back() -> None:
 
 def test_the_front_ends_import_without_torch() -> None:
     """What the AST test promises, seen in a real process: the hooks and the pipeline leave torch unimported."""
-    code = ("import sys, hatch_aoti.hooks, hatch_aoti.frontends.setuptools, hatch_aoti.build.pipeline, "
-            "hatch_aoti.settings.docs, hatch_aoti.backends; [hatch_aoti.backends.get(n) for n in ('aoti', 'precompile')]; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hatch_aoti') and "
-            "(m.startswith('torch') or m.startswith('hatch_aoti.worker'))))")  # fmt: skip
+    code = (
+        "import sys, hatch_aoti.hooks, hatch_aoti.frontends.setuptools, hatch_aoti.build.pipeline, "
+        "hatch_aoti.settings.docs, hatch_aoti.backends; [hatch_aoti.backends.get(n) for n in ('aoti', 'precompile')]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hatch_aoti') and "
+        "(m.startswith('torch') or m.startswith('hatch_aoti.worker'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from hatch_aoti.build.tagging import ElfNeeds, tag_for
-from hatch_aoti.settings.config import HOOK_PATH, ConfigError, parse_settings
+from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
 from hatch_aoti.settings.cpu_targets import (
     X86_64_V3,
     X86_64_V4,
@@ -25,11 +25,23 @@ GOMP = {"libgomp.so.1": {"GOMP_4.0", "OMP_1.0", "GOMP_1.0"}, "libtorch_cpu.so": 
 def needs(glibc: str = "2.17", glibcxx: str = "3.4.19", extra: dict | None = None) -> ElfNeeds:
     return ElfNeeds(
         "x86_64",
-        {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "libtorch_cpu.so",
-         "libgomp.so.1", *(extra or {})},
-        {"libc.so.6": {f"GLIBC_{glibc}", "GLIBC_2.2.5"}, "libstdc++.so.6": {f"GLIBCXX_{glibcxx}", "CXXABI_1.3"},
-         "libgcc_s.so.1": {"GCC_3.0"}, "libgomp.so.1": {"GOMP_4.0"}, **(extra or {})},
-    )  # fmt: skip
+        {
+            "libc.so.6",
+            "libstdc++.so.6",
+            "libgcc_s.so.1",
+            "ld-linux-x86-64.so.2",
+            "libtorch_cpu.so",
+            "libgomp.so.1",
+            *(extra or {}),
+        },
+        {
+            "libc.so.6": {f"GLIBC_{glibc}", "GLIBC_2.2.5"},
+            "libstdc++.so.6": {f"GLIBCXX_{glibcxx}", "CXXABI_1.3"},
+            "libgcc_s.so.1": {"GCC_3.0"},
+            "libgomp.so.1": {"GOMP_4.0"},
+            **(extra or {}),
+        },
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,27 +90,33 @@ def test_default_targets_and_native() -> None:
 
 
 def test_cpu_target_config_problems() -> None:
-    models = {"m": {"factory": "a:b", "inputs": [], "cpu-target": "x86-64-v5",
-                    "inductor-configs": {"cpp.simdlen": 512}}}  # fmt: skip
+    models = {
+        "m": {"factory": "a:b", "inputs": [], "cpu-target": "x86-64-v5", "inductor-configs": {"cpp.simdlen": 512}}
+    }
     with pytest.raises(ConfigError) as info:
         parse_settings({"cpu-target": "armv8-a", "models": models}, machine="x86_64")
     found = dict(info.value.problems)
-    assert "is for aarch64 machines; this build machine is x86_64" in found[f"{HOOK_PATH}.cpu-target"]
-    assert "did you mean `x86-64-v4`" in found[f"{HOOK_PATH}.models.m.cpu-target"]
-    assert "is set by cpu-target 'armv8-a'" in found[f"{HOOK_PATH}.models.m.inductor-configs.cpp.simdlen"]
+    assert "is for aarch64 machines; this build machine is x86_64" in found[f"{HATCH_TABLE}.cpu-target"]
+    assert "did you mean `x86-64-v4`" in found[f"{HATCH_TABLE}.models.m.cpu-target"]
+    assert "is set by cpu-target 'armv8-a'" in found[f"{HATCH_TABLE}.models.m.inductor-configs.cpp.simdlen"]
 
 
 def test_cpu_target_resolution_order() -> None:
     settings = parse_settings(
-        {"cpu-target": "x86-64-v4", "models": {"a": {"factory": "a:b", "inputs": []},
-                                               "b": {"factory": "a:b", "inputs": [], "cpu-target": "native",
-                                                     "inductor-configs": {"cpp.simdlen": 256}}}},
+        {
+            "cpu-target": "x86-64-v4",
+            "models": {
+                "a": {"factory": "a:b", "inputs": []},
+                "b": {"factory": "a:b", "inputs": [], "cpu-target": "native", "inductor-configs": {"cpp.simdlen": 256}},
+            },
+        },
         machine="x86_64",
-    )  # fmt: skip
+    )
     assert [m.cpu_target for m in settings.models] == ["x86-64-v4", "native"]
-    assert parse_settings({"models": {"a": {"factory": "a:b", "inputs": []}}}, machine="x86_64").models[
-        0
-    ].cpu_target == "x86-64-v3"
+    assert (
+        parse_settings({"models": {"a": {"factory": "a:b", "inputs": []}}}, machine="x86_64").models[0].cpu_target
+        == "x86-64-v3"
+    )
 
 
 @pytest.fixture
@@ -140,20 +158,37 @@ def test_wheel_defaults_then_target_then_user_configs() -> None:
     from hatch_aoti.backends.aoti import inductor_configs
 
     (plain, custom) = parse_settings(
-        {"models": {"a": {"factory": "a:b", "inputs": []},
-                    "b": {"factory": "a:b", "inputs": [], "cpu-target": "x86-64-v4",
-                          "inductor-configs": {"aot_inductor.enable_line_tables": True, "max_autotune": False}}}},
+        {
+            "models": {
+                "a": {"factory": "a:b", "inputs": []},
+                "b": {
+                    "factory": "a:b",
+                    "inputs": [],
+                    "cpu-target": "x86-64-v4",
+                    "inductor-configs": {"aot_inductor.enable_line_tables": True, "max_autotune": False},
+                },
+            }
+        },
         machine="x86_64",
-    ).models  # fmt: skip
-    fixed = {"cpp.dynamic_threads": True, "aot_inductor.model_name_for_generated_files": "model",
-             "cpp.vec_isa_ok": True}  # fmt: skip
+    ).models
+    fixed = {
+        "cpp.dynamic_threads": True,
+        "aot_inductor.model_name_for_generated_files": "model",
+        "cpp.vec_isa_ok": True,
+    }
     assert inductor_configs(plain.inductor_configs, resolve(plain.cpu_target)) == {
-        "aot_inductor.enable_line_tables": False, "cpp.march": "x86-64-v3", "cpp.simdlen": 256, **fixed,
-    }  # fmt: skip
-    assert inductor_configs(custom.inductor_configs, resolve(custom.cpu_target)) == {
-        "aot_inductor.enable_line_tables": True, "cpp.march": "x86-64-v4", "cpp.simdlen": 512, "max_autotune": False,
+        "aot_inductor.enable_line_tables": False,
+        "cpp.march": "x86-64-v3",
+        "cpp.simdlen": 256,
         **fixed,
-    }  # fmt: skip
+    }
+    assert inductor_configs(custom.inductor_configs, resolve(custom.cpu_target)) == {
+        "aot_inductor.enable_line_tables": True,
+        "cpp.march": "x86-64-v4",
+        "cpp.simdlen": 512,
+        "max_autotune": False,
+        **fixed,
+    }
 
 
 def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

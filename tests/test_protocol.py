@@ -10,12 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from hatch_aoti.build import protocol
 from hatch_aoti.build.children import Child, watch
 from hatch_aoti.build.pipeline import BuildFailed, Coordination, Reporter
+from hatch_aoti.build.protocol import HelperJob, Task
 from hatch_aoti.settings.config import ConfigError, parse_settings
-from hatch_aoti.worker.helpers import Helpers, Task, shares
+from hatch_aoti.worker.helpers import Helpers, shares
 
 FAKES = [sys.executable, str(Path(__file__).with_name("fakes.py"))]
+
+
+@pytest.fixture(autouse=True)
+def _fake_script_is_each_tests_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HATCH_AOTI_FAKE`` tells the fakes what to do; it is gone after each test."""
+    monkeypatch.delenv("HATCH_AOTI_FAKE", raising=False)
 
 
 def alive(pid: int) -> bool:
@@ -49,18 +57,22 @@ def test_misses_are_shared_within_the_job_limit(names: list[str], jobs: int, exp
     assert shares(names, jobs) == expected
 
 
-def run_helpers(tmp_path: Path, groups: dict[str, str]) -> dict[str, object]:
+def run_helpers(tmp_path: Path, groups: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """Start one fake helper per group of ``model=behaviour`` pairs; collect the outcomes."""
     script = {m: b for group in groups.values() for m, b in (p.split("=") for p in group.split())}
-    helpers = Helpers(tmp_path, {"sys_path": [], "cache": None, "cwd": str(tmp_path), "script": script},
-                      argv=[*FAKES, "helper"])  # fmt: skip
-    helpers.start([[Task(m.split("=")[0], "aoti", "p", str(tmp_path / "out" / m.split("=")[0]), {}, [])
-                    for m in group.split()] for group in groups.values()])  # fmt: skip
+    monkeypatch.setenv("HATCH_AOTI_FAKE", json.dumps({"script": script}))
+    helpers = Helpers(tmp_path, HelperJob([], "", [], str(tmp_path), None), argv=[*FAKES, "helper"])
+    helpers.start(
+        [
+            [Task(m.split("=")[0], "aoti", "p", str(tmp_path / "out" / m.split("=")[0]), {}, []) for m in group.split()]
+            for group in groups.values()
+        ]
+    )
     return {o.model: o for o in helpers.outcomes()}
 
 
-def test_a_helper_that_dies_fails_only_its_unreported_models(tmp_path: Path) -> None:
-    outcomes = run_helpers(tmp_path, {"h1": "a=ok b=die c=ok", "h2": "d=ok e=fail"})
+def test_a_helper_that_dies_fails_only_its_unreported_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcomes = run_helpers(tmp_path, {"h1": "a=ok b=die c=ok", "h2": "d=ok e=fail"}, monkeypatch)
     assert outcomes["a"].error is None and outcomes["a"].files == {"file": "x.so"}
     for model in ("b", "c"):
         assert outcomes[model].error.startswith("the compile helper 1 compiling b, c was killed by signal 9")
@@ -69,12 +81,15 @@ def test_a_helper_that_dies_fails_only_its_unreported_models(tmp_path: Path) -> 
 
 
 def coordination(tmp_path: Path, events: list[dict], end: str = "exit") -> Coordination:
-    settings = parse_settings({"models": {n: {"factory": "a:b", "inputs": []} for n in ("a", "b")}},
-                              machine="x86_64", flags=set())  # fmt: skip
+    settings = parse_settings(
+        {"models": {n: {"factory": "a:b", "inputs": []} for n in ("a", "b")}}, machine="x86_64", flags=set()
+    )
     lines: list[str] = []
-    job = {"events": events, "end": end, "cwd": str(tmp_path)}
-    return Coordination(job, tmp_path, settings, Reporter(lines.append, lines.append, lines.append),
-                        argv=[*FAKES, "coordinator"])  # fmt: skip
+    os.environ["HATCH_AOTI_FAKE"] = json.dumps({"events": events, "end": end})
+    job = protocol.Job(list(settings.models), str(tmp_path), "compiled", "pkg", [], str(tmp_path), None, None, 1)
+    return Coordination(
+        job, tmp_path, settings, Reporter(lines.append, lines.append, lines.append), argv=[*FAKES, "coordinator"]
+    )
 
 
 def test_a_dead_coordinator_is_named_with_what_it_was_doing(tmp_path: Path) -> None:
@@ -89,9 +104,11 @@ def test_problems_and_failures_are_reported_together(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         coordination(tmp_path, [{"event": "problems", "problems": problems}]).run()
     assert info.value.problems == [tuple(p) for p in problems]
-    failed = [{"event": "failed", "model": "a", "stage": "verify", "message": "differs"},
-              {"event": "failed", "model": "b", "stage": "compile", "message": "gcc"},
-              {"event": "done", "torch": "2.13.0", "built": [], "failed": ["a", "b"]}]  # fmt: skip
+    failed = [
+        {"event": "failed", "model": "a", "stage": "verify", "message": "differs"},
+        {"event": "failed", "model": "b", "stage": "compile", "message": "gcc"},
+        {"event": "done", "torch": "2.13.0", "built": [], "failed": ["a", "b"]},
+    ]
     with pytest.raises(BuildFailed) as info:
         coordination(tmp_path, failed).run()
     text = str(info.value)
@@ -101,9 +118,11 @@ def test_problems_and_failures_are_reported_together(tmp_path: Path) -> None:
 
 
 def test_a_coordinator_that_dies_after_a_failure_is_reported_with_it(tmp_path: Path) -> None:
-    events = [{"event": "compiled", "model": "a", "seconds": 1.0, "check": "ok"},
-              {"event": "failed", "model": "b", "stage": "verify", "message": "differs"},
-              {"event": "stage", "model": "c", "stage": "verify"}]  # fmt: skip
+    events = [
+        {"event": "built", "model": "a", "seconds": 1.0, "check": "ok"},
+        {"event": "failed", "model": "b", "stage": "verify", "message": "differs"},
+        {"event": "stage", "model": "c", "stage": "verify"},
+    ]
     with pytest.raises(BuildFailed) as info:
         coordination(tmp_path, events, end="die").run()
     text = str(info.value)
@@ -113,18 +132,23 @@ def test_a_coordinator_that_dies_after_a_failure_is_reported_with_it(tmp_path: P
 
 
 def test_a_finished_coordinator_is_a_success(tmp_path: Path) -> None:
-    run = coordination(tmp_path, [{"event": "cached", "model": "a", "seconds": 0.1, "check": "ok"},
-                                  {"event": "done", "torch": "2.13.0", "built": ["a"], "failed": []}])  # fmt: skip
+    run = coordination(
+        tmp_path,
+        [
+            {"event": "cached", "model": "a", "seconds": 0.1, "check": "ok"},
+            {"event": "done", "torch": "2.13.0", "built": ["a"], "failed": []},
+        ],
+    )
     run.run()
     assert run.done
 
 
 def test_a_child_ends_with_everything_it_started_when_its_parent_goes(tmp_path: Path) -> None:
     """End of file on stdin (the parent exiting, or killed) ends the child's whole process group."""
-    (tmp_path / "job.json").write_text(json.dumps({}))
-    child = Child.start("sleeper", [*FAKES, "sleeper", str(tmp_path / "job.json")], cwd=tmp_path,
-                        log=tmp_path / "sleeper.log")  # fmt: skip
-    pids = next(event for _, event in watch([child]) if event is not None)
+    child = Child.start("sleeper", [*FAKES, "sleeper"], cwd=tmp_path, log=tmp_path / "sleeper.log")
+    event = next(event for _, event in watch([child]) if event is not None)
+    assert isinstance(event, protocol.Info)
+    pids = json.loads(event.message)
     assert alive(pids["child"]) and alive(pids["grandchild"])
     child.proc.stdin.close()  # what the kernel does when the parent dies
     assert gone_within([pids["child"], pids["grandchild"]]), "the compiler stand-in outlived its parent"
@@ -142,3 +166,34 @@ def test_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             jobs_from_env()
     monkeypatch.delenv("HATCH_AOTI_JOBS")
     assert jobs_from_env() == len(os.sched_getaffinity(0))
+
+
+def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None:
+    from hatch_aoti.build.protocol import EVENTS, decode, encode, read_job, write_job
+
+    samples = [
+        protocol.Stage("a", "export"),
+        protocol.Cached("a", 0.5, "ok"),
+        protocol.Built("a", 1.5, "ok"),
+        protocol.Compiled("a", 1.0, {"file": "x.so", "sha256": "0" * 64}),
+        protocol.Failed("a", "verify", "differs"),
+        protocol.Problems([("tool.hatch-aoti.models.a", "bad")]),
+        protocol.Notice("cache unreadable"),
+        protocol.Info("2 models"),
+        protocol.Done("2.13.0", ["a"], []),
+    ]
+    assert {type(e) for e in samples} == set(EVENTS.values()), "every kind of event is tried"
+    for event in samples:
+        assert decode(encode(event)) == event
+    for bad in ('{"event": "compiled!"}', "[1]", '{"model": "a"}'):
+        with pytest.raises(ValueError, match="not a build event"):
+            decode(bad)
+    settings = parse_settings(
+        {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2]}]}}}, machine="x86_64", flags=set()
+    )
+    job = protocol.Job(list(settings.models), "stage", "compiled", "pkg", ["src"], "/p", None, None, 2)
+    write_job(job, tmp_path / "job.json")
+    assert read_job(protocol.Job, tmp_path / "job.json") == job
+    helper = HelperJob([Task("m", "aoti", "p.pt2", "out", {"a": 1}, ["pkg.models"])], "work", [], "/p", "/cache")
+    write_job(helper, tmp_path / "helper.json")
+    assert read_job(HelperJob, tmp_path / "helper.json") == helper

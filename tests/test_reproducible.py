@@ -23,9 +23,7 @@ from conftest import REPO, copy_project, run
 pytestmark = pytest.mark.integration
 
 
-def test_a_build_varying_paths_env_and_umask_is_byte_identical(
-    sample_dists: tuple[Path, Path], tmp_path: Path
-) -> None:
+def test_a_build_varying_paths_env_and_umask_is_byte_identical(sample_dists: tuple[Path, Path], tmp_path: Path) -> None:
     project = copy_project(REPO / "sample_project", tmp_path / "elsewhere" / "the project")
     (tmp_path / "tmp").mkdir()
     env = {
@@ -61,6 +59,8 @@ def differences(a: Path, b: Path) -> list[str]:
             if za.read(name) != zb.read(name):
                 out.append(f"content: {name}")
             if (ia.date_time, ia.external_attr) != (ib.date_time, ib.external_attr):
-                out.append(f"metadata: {name} {ia.date_time} {oct(ia.external_attr >> 16)} / "
-                           f"{ib.date_time} {oct(ib.external_attr >> 16)}")  # fmt: skip
+                out.append(
+                    f"metadata: {name} {ia.date_time} {oct(ia.external_attr >> 16)} / "
+                    f"{ib.date_time} {oct(ib.external_attr >> 16)}"
+                )
     return out

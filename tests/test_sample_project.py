@@ -193,11 +193,20 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
         """
     )
     expected_type = {
-        "count": "TypeError", "none": "TypeError", "kwarg": "TypeError", "rank": "ValueError",
-        "size": "ValueError", "dtype": "TypeError", "device": "TypeError", "not_tensor": "TypeError",
-        "numpy": "TypeError", "numpy_dynamic": "TypeError",
-        "above_max": "ValueError", "below_min": "ValueError", "static_dim": "ValueError",
-    }  # fmt: skip
+        "count": "TypeError",
+        "none": "TypeError",
+        "kwarg": "TypeError",
+        "rank": "ValueError",
+        "size": "ValueError",
+        "dtype": "TypeError",
+        "device": "TypeError",
+        "not_tensor": "TypeError",
+        "numpy": "TypeError",
+        "numpy_dynamic": "TypeError",
+        "above_max": "ValueError",
+        "below_min": "ValueError",
+        "static_dim": "ValueError",
+    }
     for key, kind in expected_type.items():
         assert result[key] is not None, f"{key}: the bad call was accepted"
         assert result[key][0] == kind, (key, result[key])
@@ -214,14 +223,20 @@ def test_load_writes_no_files(sample_installed: Runtime, tmp_path: Path) -> None
 
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    site = sample_installed.json("import json, sample_models, os; print(json.dumps(os.path.dirname(sample_models.__file__)))")
+    site = sample_installed.json(
+        "import json, sample_models, os; print(json.dumps(os.path.dirname(sample_models.__file__)))"
+    )
     before = sorted(os.listdir(site))
     proc = run(
-        [str(sample_installed.python), "-c",
-         "import torch; from sample_models import compiled; compiled.load('mlp')(torch.randn(4, 128));"
-         "compiled.load('classifier')(torch.rand(2, 3, 16, 16))"],
-        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONDONTWRITEBYTECODE": "1"}, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            str(sample_installed.python),
+            "-c",
+            "import torch; from sample_models import compiled; compiled.load('mlp')(torch.randn(4, 128));"
+            "compiled.load('classifier')(torch.rand(2, 3, 16, 16))",
+        ],
+        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0
     assert list(tmpdir.iterdir()) == []
     assert sorted(os.listdir(site)) == before

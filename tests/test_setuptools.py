@@ -75,8 +75,21 @@ def test_pip_wheel_gives_the_same_package(
     setuptools_project: Path, build_env: dict[str, str], sample_dists: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """`pip wheel` without build isolation (the test venv's setuptools, hatch-aoti and torch)."""
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-         str(setuptools_project)], env=build_env, cwd=setuptools_project)  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(setuptools_project),
+        ],
+        env=build_env,
+        cwd=setuptools_project,
+    )
     (wheel,) = tmp_path.glob("*.whl")
     assert wheel.name == sample_dists[1].name
     assert package_files(wheel) == package_files(sample_dists[1])
@@ -91,13 +104,20 @@ def test_editable_install_loads_compiled_models_and_leaves_the_sources(
     before = sorted(p.relative_to(sources) for p in sources.rglob("*") if "__pycache__" not in p.parts)
     python = dev_venv / "bin" / "python"
     run([str(python), "-m", "pip", "install", "-q", "hatch-aoti"], env=build_env)
-    run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(setuptools_project)],
-        env=build_env)  # fmt: skip
-    probe = run([str(python), "-c",
-                 "import torch, sample_models; from sample_models import compiled, models;"
-                 "x = torch.randn(4, 128); print(sample_models.__file__);"
-                 "print((compiled.load('mlp')(x) - models.build_mlp()(x)).abs().max().item())"],
-                cwd=dev_venv)  # fmt: skip
+    run(
+        [str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(setuptools_project)],
+        env=build_env,
+    )
+    probe = run(
+        [
+            str(python),
+            "-c",
+            "import torch, sample_models; from sample_models import compiled, models;"
+            "x = torch.randn(4, 128); print(sample_models.__file__);"
+            "print((compiled.load('mlp')(x) - models.build_mlp()(x)).abs().max().item())",
+        ],
+        cwd=dev_venv,
+    )
     package_file, err = probe.stdout.split()
     assert Path(package_file).resolve() == (sources / "sample_models" / "__init__.py").resolve()
     assert float(err) < 1e-5
@@ -136,8 +156,10 @@ def test_a_project_without_the_table_builds_byte_identical_wheels(tmp_path: Path
     wheels = {}
     for label, python in (("with hatch-aoti", sys.executable), ("without", str(bare / "bin" / "python"))):
         out = tmp_path / label
-        run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(project)],
-            cwd=project)  # fmt: skip
+        run(
+            [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(project)],
+            cwd=project,
+        )
         (wheel,) = out.glob("*.whl")
         wheels[label] = wheel.read_bytes()
     probe = subprocess.run([str(bare / "bin" / "python"), "-c", "import hatch_aoti"], capture_output=True, cwd=tmp_path)
@@ -147,8 +169,11 @@ def test_a_project_without_the_table_builds_byte_identical_wheels(tmp_path: Path
 
 def test_a_table_that_is_not_a_table_is_an_error_not_a_traceback(tmp_path: Path) -> None:
     project = write_project(tmp_path / "p", "oddpkg", "[tool]\nhatch-aoti = 3\n", {}, frontend="setuptools")
-    proc = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(tmp_path / "dist"), str(project)],
-               check=False, cwd=project)  # fmt: skip
+    proc = run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(tmp_path / "dist"), str(project)],
+        check=False,
+        cwd=project,
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in text, text
     assert "tool.hatch-aoti: must be a table" in text

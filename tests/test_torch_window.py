@@ -25,8 +25,9 @@ def wheel_metadata(wheel: Path) -> str:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("frontend", ["hatch", "setuptools"])
-def test_the_prepared_metadata_is_the_wheels(frontend: str, sample_dists: tuple[Path, Path],
-                                             setuptools_dists: tuple[Path, Path, str], tmp_path: Path) -> None:  # fmt: skip
+def test_the_prepared_metadata_is_the_wheels(
+    frontend: str, sample_dists: tuple[Path, Path], setuptools_dists: tuple[Path, Path, str], tmp_path: Path
+) -> None:
     from pyproject_hooks import BuildBackendHookCaller
 
     project = REPO / ("sample_project" if frontend == "hatch" else "sample_project_setuptools")
@@ -57,8 +58,12 @@ def test_uv_installs_the_project_with_a_torch_the_wheel_accepts(build_env: dict[
     python = tmp_path / "venv" / "bin" / "python"
     constraints = tmp_path / "constraints.txt"  # this machine's torch build, from its find-links: no download
     constraints.write_text(f"torch=={version('torch')}\n", encoding="utf-8")
-    env = {**build_env, "UV_FIND_LINKS": ",".join(build_env["PIP_FIND_LINKS"].split()),
-           "UV_CONSTRAINT": str(constraints), "UV_BUILD_CONSTRAINT": str(constraints)}  # fmt: skip
+    env = {
+        **build_env,
+        "UV_FIND_LINKS": ",".join(build_env["PIP_FIND_LINKS"].split()),
+        "UV_CONSTRAINT": str(constraints),
+        "UV_BUILD_CONSTRAINT": str(constraints),
+    }
     run([sys.executable, "-m", "uv", "pip", "install", "--python", str(python), str(project)], env=env)
     code = """
 import json, torch
@@ -76,8 +81,11 @@ def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     from hatch_aoti.settings.config import parse_settings
 
     settings = parse_settings({"models": {"m": {"factory": "a:b", "inputs": []}}}, machine="x86_64", flags=set())
-    window = parse_settings({"torch-requirement": "torch>=2.13,<2.15", "models": {"m": {"factory": "a:b",
-                            "inputs": []}}}, machine="x86_64", flags=set())  # fmt: skip
+    window = parse_settings(
+        {"torch-requirement": "torch>=2.13,<2.15", "models": {"m": {"factory": "a:b", "inputs": []}}},
+        machine="x86_64",
+        flags=set(),
+    )
     series = "torch==2.13.*"
     assert torch_to_add(["numpy"], settings, series, "2.13.0", can_add=True) == series
     assert torch_to_add(["torch>=2.13,<2.15"], settings, series, "2.13.0", can_add=True) is None, "no second pin"
@@ -98,7 +106,6 @@ def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     assert torch_to_add(["torch>=3; python_version < '3'"], settings, series, "2.13.0", can_add=True) == series
 
 
-
 def test_setuptools_adds_torch_only_to_dynamic_dependencies() -> None:
     """PEP 621: a static ``dependencies`` list is final, and installers read it without building."""
     from hatch_aoti.frontends.setuptools import _dependencies_dynamic
@@ -107,6 +114,7 @@ def test_setuptools_adds_torch_only_to_dynamic_dependencies() -> None:
     assert _dependencies_dynamic({"project": {"name": "p", "dynamic": ["version", "dependencies"]}})
     assert not _dependencies_dynamic({"project": {"name": "p"}})
     assert not _dependencies_dynamic({"project": {"name": "p", "dependencies": ["numpy"], "dynamic": ["version"]}})
+
 
 # -- one wheel, two torch releases ----------------------------------------------------------------------------
 
@@ -118,8 +126,17 @@ def verified_next(setuptools_dists: tuple[Path, Path, str], torch_next_envs: Pat
     from conftest import TORCH_NEXT
 
     wheel = setuptools_dists[1]
-    command = [sys.executable, "-m", "hatch_aoti", "verify", str(wheel), "--torch", TORCH_NEXT, "--envs",
-               str(torch_next_envs)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "hatch_aoti",
+        "verify",
+        str(wheel),
+        "--torch",
+        TORCH_NEXT,
+        "--envs",
+        str(torch_next_envs),
+    ]
     data = subprocess.run([*command, "--json"], capture_output=True, text=True, check=False)
     text = subprocess.run(command, capture_output=True, text=True, check=False)
     assert data.returncode == text.returncode == 0, data.stdout + data.stderr
@@ -140,16 +157,19 @@ def test_verify_on_another_torch_says_the_window(verified_next: tuple[dict, str]
 
 
 @pytest.mark.integration
-def test_the_wheel_installs_beside_the_next_torch_untouched(verified_next: tuple[dict, str], setuptools_dists: tuple[Path, Path, str],
-                                                            torch_next_envs: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_the_wheel_installs_beside_the_next_torch_untouched(
+    verified_next: tuple[dict, str], setuptools_dists: tuple[Path, Path, str], torch_next_envs: Path, tmp_path: Path
+) -> None:
     from conftest import TORCH_NEXT, run, venv_with_torch
 
     python = venv_with_torch(torch_next_envs / f"torch-{TORCH_NEXT}", tmp_path / "next")
     run([str(python), "-m", "pip", "uninstall", "-y", "-q", "sample-models"])  # what verify installed there
     proc = run([str(python), "-m", "pip", "install", str(setuptools_dists[1])])
     assert "Requirement already satisfied: torch" in proc.stdout, proc.stdout
-    assert "Successfully installed sample-models-0.1.0" in proc.stdout and "torch-" not in proc.stdout.split(
-        "Successfully installed")[-1], "pip installed the wheel and nothing else"
+    assert (
+        "Successfully installed sample-models-0.1.0" in proc.stdout
+        and "torch-" not in proc.stdout.split("Successfully installed")[-1]
+    ), "pip installed the wheel and nothing else"
     code = """
 import json, torch
 from torch.testing import assert_close
@@ -178,8 +198,12 @@ def test_the_narrowest_requirement_covers_the_passing_releases() -> None:
 
 @pytest.mark.integration
 def test_a_torch_that_cannot_be_installed_fails_the_check(setuptools_dists: tuple[Path, Path, str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "hatch_aoti", "verify", str(setuptools_dists[1]), "--torch", "0.0.1",
-                           "--json"], capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatch_aoti", "verify", str(setuptools_dists[1]), "--torch", "0.0.1", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     data = json.loads(proc.stdout)
     assert proc.returncode == 1 and data["passed"] is False, proc.stdout + proc.stderr
     assert data["versions"]["0.0.1"]["error"].startswith("could not install"), data
@@ -204,13 +228,17 @@ def test_a_model_that_crashes_or_hangs_costs_itself_alone(tmp_path: Path, monkey
     from hatch_aoti.cli import window
 
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/sh\ncase "$5" in\n  crash) echo "Segmentation fault" >&2; exit 139;;\n'
-                    '  hang) exec sleep 30;;\n  *) echo \'{"torch": "2.14.1", "status": "pass", "reason": ""}\';;\nesac\n')
+    fake.write_text(
+        '#!/bin/sh\ncase "$5" in\n  crash) echo "Segmentation fault" >&2; exit 139;;\n'
+        '  hang) exec sleep 30;;\n  *) echo \'{"torch": "2.14.1", "status": "pass", "reason": ""}\';;\nesac\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(window, "MODEL_TIMEOUT_S", 2)
     target = types.SimpleNamespace(package="p", loader_name="compiled", models={"crash": {}, "hang": {}, "ok": {}})
     report = window.worker(fake, target, tmp_path)  # type: ignore[arg-type]
     assert report["torch"] == "2.14.1" and report["models"]["ok"]["status"] == "pass"
-    assert report["models"]["crash"] == {"status": "fails", "reason": "the check crashed (exit status 139): "
-                                         "Segmentation fault"}  # fmt: skip
+    assert report["models"]["crash"] == {
+        "status": "fails",
+        "reason": "the check crashed (exit status 139): Segmentation fault",
+    }
     assert report["models"]["hang"]["reason"].startswith("did not finish in 2 s")

@@ -15,6 +15,7 @@ from hatch_aoti.backends.interface import BUILTIN, DEFAULT, GROUP, Backend, Pins
 
 __all__ = ["BUILTIN", "DEFAULT", "GROUP", "Backend", "Pins", "Request", "combined_pins", "get", "known"]
 
+
 def get(name: str) -> Backend:
     """The backend called ``name``; a :class:`LookupError` says why not."""
     if name == "aoti":
@@ -30,7 +31,7 @@ def get(name: str) -> Backend:
         raise LookupError(f"no backend {name!r} is installed (known: {', '.join(known())})")
     try:
         loaded = found[0].load()
-    except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not raised
+    except Exception as exc:
         raise LookupError(f"backend {name!r} ({found[0].value}) cannot be imported: {exc}") from None
     backend = loaded() if isinstance(loaded, type) else loaded
     if not isinstance(backend, Backend):

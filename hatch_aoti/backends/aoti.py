@@ -29,6 +29,7 @@ class AotiBackend(Backend):
     def compile(self, request: Request) -> dict[str, Any]:
         return compile_program(request.exported, request.out, request.settings, request.work)
 
+
 #: Where hatch-aoti departs from Inductor's defaults, for code that ships in wheels:
 #: - line tables (``-g1``) triple the size of a small model's library and carry build
 #:   paths; release builds of torch itself ship without them;
@@ -120,7 +121,7 @@ def use_header_store() -> None:
         return  # Inductor's own location still works
     codecache._HEADER_DIR = str(home)
     codecache._HEADER_LOCK_DIR = str(home / "locks")
-    codecache._hatch_aoti_headers = True
+    codecache._hatch_aoti_headers = True  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -159,12 +160,12 @@ def portable_paths() -> Iterator[None]:
         return f"{line} {generated}" if inductor in sources and "c++-header" not in sources else line
 
     cpp_builder._get_optimization_cflags = flags
-    builder.get_command_line = command
+    builder.get_command_line = command  # type: ignore[union-attr]
     try:
         yield
     finally:
         cpp_builder._get_optimization_cflags = flags_of
-        builder.get_command_line = command_of
+        builder.get_command_line = command_of  # type: ignore[union-attr]
 
 
 def _prefix_maps(maps: dict[str, str]) -> list[str]:

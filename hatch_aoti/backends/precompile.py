@@ -37,14 +37,25 @@ class PrecompileBackend(Backend):
 
     def check(self, spec: ModelSpec) -> list[tuple[str, str]]:
         problems = [
-            (f"{spec.path}.dynamic.{name}", f"is the rule {rule!r}, which the precompile backend cannot compile "
-             "(Dynamo takes bounds, not rules): use the aoti backend for this model")
-            for name, rule in spec.dynamic.items() if isinstance(rule, str)
-        ]  # fmt: skip
-        small = {name: dim.min for name, dim in spec.dynamic.items() if not isinstance(dim, str) and (dim.min or 2) < 2}
+            (
+                f"{spec.path}.dynamic.{name}",
+                f"is the rule {rule!r}, which the precompile backend cannot compile "
+                "(Dynamo takes bounds, not rules): use the aoti backend for this model",
+            )
+            for name, rule in spec.dynamic.items()
+            if isinstance(rule, str)
+        ]
+        small = {
+            name: dim.min or 0 for name, dim in spec.dynamic.items() if not isinstance(dim, str) and (dim.min or 2) < 2
+        }
         if math.prod(3 - low for low in small.values()) > MAX_REGIONS:
-            problems.append((f"{spec.path}.dynamic", f"sizes below 2 of {', '.join(small)} are compiled on their own, "
-                             f"for each combination: more than {MAX_REGIONS} compiles; set `min = 2` for some"))
+            problems.append(
+                (
+                    f"{spec.path}.dynamic",
+                    f"sizes below 2 of {', '.join(small)} are compiled on their own, "
+                    f"for each combination: more than {MAX_REGIONS} compiles; set `min = 2` for some",
+                )
+            )
         return problems
 
     def compile(self, request: Request) -> dict[str, Any]:
@@ -73,8 +84,9 @@ class PrecompileBackend(Backend):
                 with torch.no_grad(), temporary_cache_dir(str(inductor)):
                     args, kwargs = _marked(request.plan, box)
                     compiled = torch.compile(call, fullgraph=True, options=request.settings)
-                    compiled.aot_compile(((request.module, *args), kwargs)).save_compiled_function(str(path))
-            except Exception as exc:  # noqa: BLE001 - a guard narrower than the box: split it there
+                    aot = compiled.aot_compile  # type: ignore[attr-defined]
+                    aot(((request.module, *args), kwargs)).save_compiled_function(str(path))
+            except Exception as exc:
                 narrower = _split(box, exc, request.plan)
                 if narrower is None:
                     raise
@@ -94,13 +106,13 @@ class PrecompileBackend(Backend):
             "torch": torch_version,
             "needs": {
                 "module": "built by the model's factory (`factory`) when the model is loaded, from the wheel's "
-                          "own code and weights",
+                "own code and weights",
                 "python": python,
                 "torch": torch_version,
                 "c++ compiler": "the kernels are compiled when the model is loaded",
                 "writes": "compiled kernels to Inductor's cache (TORCHINDUCTOR_CACHE_DIR)",
             },
-        }  # fmt: skip
+        }
 
     def pins(self, torch_version: str) -> Pins:
         from packaging.version import Version
@@ -120,8 +132,10 @@ Box = dict[str, list[Any]]
 def _declared_box(plan: Any, spec: Any) -> Box:
     """Each dim's range: sizes below 2 only where ``dynamic`` declares them (Dynamo's own range starts at 2)."""
     declared = spec.dynamic if spec is not None else {}
-    return {name: [low if getattr(declared.get(name), "min", None) is not None else max(low, 2), high]
-            for name, (low, high) in plan.dims.items()}  # fmt: skip
+    return {
+        name: [low if getattr(declared.get(name), "min", None) is not None else max(low, 2), high]
+        for name, (low, high) in plan.dims.items()
+    }
 
 
 def _small_sizes_apart(box: Box) -> list[Box] | None:
@@ -163,7 +177,7 @@ def _sources(plan: Any) -> dict[tuple[str, str, int], str]:
     paths = [p for p, leaf in pytree.tree_flatten_with_path(plan.export_sample)[0] if isinstance(leaf, torch.Tensor)]
     out = {}
     for path, axes in zip(paths, plan.axis_names):
-        where = "args" if path[0].idx == 0 else "kwargs"
+        where = "args" if path[0].idx == 0 else "kwargs"  # type: ignore[attr-defined]
         rest = pytree.keystr(path[1:])
         for axis, name in axes.items():
             out[(where, rest, axis)] = name

@@ -78,8 +78,9 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     return {"file": libraries[0], "sha256": sha256(library), "torch_symbols": torch_symbols(library), **entry}
 
 
-def write_weights(archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], inline: dict[str, str],
-                  target: Path) -> dict[str, Any]:  # fmt: skip
+def write_weights(
+    archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], inline: dict[str, str], target: Path
+) -> dict[str, Any]:
     """Put the weights Inductor pickled one file each into ``weights.bin``, each at an aligned offset.
 
     The loader maps that file and hands views of it to the library, so the weights are

@@ -13,13 +13,12 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 2
 
 
-
 def template_path(name: str = "compiled.py") -> Path:
     """A template: the copy shipped as package data (``hatch_aoti/templates``), or in a checkout,
     where the package is the source tree, ``templates/`` beside it."""
     from importlib import resources
 
-    shipped = resources.files("hatch_aoti").joinpath("templates", name)
+    shipped = resources.files("hatch_aoti").joinpath("templates").joinpath(name)
     path = Path(str(shipped)) if shipped.is_file() else Path(__file__).resolve().parents[2] / "templates" / name
     if not path.is_file():
         raise FileNotFoundError(f"hatch-aoti is installed without its template templates/{name}")
@@ -62,8 +61,10 @@ def sha256(path: Path) -> str:
 def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
     """sha256 of every file under ``directory`` by relative path (``known`` ones not read again):
     what ``hatch-aoti verify`` checks an installed model's files against."""
-    return {rel: known.get(rel) or sha256(directory / rel)
-            for rel in sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())}  # fmt: skip
+    return {
+        rel: known.get(rel) or sha256(directory / rel)
+        for rel in sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    }
 
 
 def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:

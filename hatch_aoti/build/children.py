@@ -1,4 +1,5 @@
-"""Child processes of a build: their own process group, JSON events on a pipe, and an end with their parent.
+"""Child processes of a build: their own process group, events on a pipe (``protocol.py``), and an end with
+their parent.
 
 A child reads its stdin until end of file; the parent closes that pipe only when it wants
 the child gone, and the kernel closes it when the parent dies. End of file makes the
@@ -9,9 +10,7 @@ separate pipe, so that whatever user code prints goes to the child's log.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import queue
 import selectors
 import signal
 import subprocess
@@ -20,7 +19,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
+
+from hatch_aoti.build.protocol import AnyJob, Event, decode, encode, read_job
 
 EVENT_FD = "HATCH_AOTI_EVENT_FD"
 LOG_TAIL_LINES = 40
@@ -39,15 +40,23 @@ class Child:
     closed: bool = False
 
     @classmethod
-    def start(cls, name: str, argv: list[str], *, cwd: str | Path, log: Path, env: dict[str, str] | None = None) -> Child:
+    def start(
+        cls, name: str, argv: list[str], *, cwd: str | Path, log: Path, env: dict[str, str] | None = None
+    ) -> Child:
         read_fd, write_fd = os.pipe()
         child_env = {**(os.environ if env is None else env), EVENT_FD: str(write_fd), "PYTHONUNBUFFERED": "1"}
         try:
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    argv, cwd=cwd, env=child_env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                    pass_fds=(write_fd,), start_new_session=True,
-                )  # fmt: skip
+                    argv,
+                    cwd=cwd,
+                    env=child_env,
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                )
         except BaseException:
             os.close(read_fd)
             raise
@@ -55,24 +64,14 @@ class Child:
             os.close(write_fd)
         return cls(name, proc, read_fd, log)
 
-    def send(self, message: dict[str, Any]) -> bool:
-        """Write one message to the child's stdin; ``False`` if it is gone."""
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-        return True
-
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Event]:
         """The events that arrived (call when the fd is readable); marks the child closed at end of file."""
         chunk = os.read(self.events, 65536)
         if not chunk:
             self.closed = True
             return []
         *lines, self.pending = (self.pending + chunk).split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [decode(line) for line in lines if line.strip()]
 
     def end(self) -> None:
         """Stop the child and everything it started, if still running; release its pipes."""
@@ -98,7 +97,7 @@ class Child:
         return "\n".join(f"  | {line}" for line in lines[-LOG_TAIL_LINES:]) or "  (empty log)"
 
 
-def watch(children: list[Child]) -> Iterator[tuple[Child, dict[str, Any] | None]]:
+def watch(children: list[Child]) -> Iterator[tuple[Child, Event | None]]:
     """Events of all children as they arrive; ``(child, None)`` once when a child's pipe closes."""
     with selectors.DefaultSelector() as selector:
         for child in children:
@@ -106,12 +105,12 @@ def watch(children: list[Child]) -> Iterator[tuple[Child, dict[str, Any] | None]
                 selector.register(child.events, selectors.EVENT_READ, child)
         while selector.get_map():
             for key, _ in selector.select():
-                child: Child = key.data
-                for event in child.read():
-                    yield child, event
-                if child.closed:
-                    selector.unregister(child.events)
-                    yield child, None
+                ready: Child = key.data
+                for event in ready.read():
+                    yield ready, event
+                if ready.closed:
+                    selector.unregister(ready.events)
+                    yield ready, None
 
 
 # -- the child's side -----------------------------------------------------------------------
@@ -123,18 +122,11 @@ class Parent:
     def __init__(self) -> None:
         fd = os.environ.pop(EVENT_FD, None)
         self._events = os.fdopen(int(fd), "w", buffering=1, encoding="utf-8") if fd else None
-        self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._listen, name="hatch-aoti-parent", daemon=True).start()
 
-    def emit(self, event: str, **data: Any) -> None:
+    def emit(self, event: Event) -> None:
         if self._events is not None:
-            self._events.write(json.dumps({"event": event, **data}) + "\n")
-
-    def receive(self) -> dict[str, Any]:
-        """The parent's next message (blocks)."""
-        message = self._inbox.get()
-        assert message is not None
-        return message
+            self._events.write(encode(event) + "\n")
 
     def close(self) -> None:
         if self._events is not None:
@@ -142,9 +134,8 @@ class Parent:
             self._events = None
 
     def _listen(self) -> None:
-        for line in sys.stdin.buffer:
-            if line.strip():
-                self._inbox.put(json.loads(line))
+        for _ in sys.stdin.buffer:  # nothing is sent: end of file is the parent's only word
+            pass
         _end_group()
 
 
@@ -173,9 +164,9 @@ def exit_without_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
-def child_main(run: Callable[[dict[str, Any], Parent], int]) -> NoReturn:
+def child_main(run: Callable[[AnyJob, Parent], int], kind: type[AnyJob]) -> NoReturn:
     """Run ``run(job, parent)`` for the job file named on the command line, then exit."""
-    job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    job = read_job(kind, Path(sys.argv[1]))
     parent = Parent()
     code = run(job, parent)
     parent.close()

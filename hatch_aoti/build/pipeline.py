@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.build import protocol
 from hatch_aoti.build.children import Child, watch
 from hatch_aoti.settings.config import ConfigError, Settings
 from hatch_aoti.store.owned import OwnedDir, sweep
@@ -107,17 +107,17 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     report.info(f"aoti: building {count} model{'s' if count != 1 else ''} with AOTInductor ({where})")
     preparing = threading.Thread(target=tagging.prepare, name="hatch-aoti-tagging", daemon=True)
     preparing.start()  # loads the tagging tables while the coordinator works
-    job = {
-        "models": [m.to_json() for m in settings.models],
-        "stage": str(stage),
-        "loader": settings.loader,
-        "sys_path": project.import_paths,
-        "cwd": str(project.root),
-        "package": project.package,
-        "cache": str(cache.root) if cache else None,
-        "cache_max_size": cache.max_size if cache else None,
-        "jobs": jobs,
-    }
+    job = protocol.Job(
+        models=list(settings.models),
+        stage=str(stage),
+        loader=settings.loader,
+        package=project.package,
+        sys_path=project.import_paths,
+        cwd=str(project.root),
+        cache=str(cache.root) if cache else None,
+        cache_max_size=cache.max_size if cache else None,
+        jobs=jobs,
+    )
     Coordination(job, stage, settings, report).run()
     preparing.join()
     package = stage / "package"
@@ -167,21 +167,35 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
 
 def torch_requirement(settings: Settings, torch_version: str) -> str:
     """``Requires-Dist`` for torch: the user's, if it allows the build's torch, else ``torch==X.Y.*``."""
-    from hatch_aoti.build.tagging import torch_requirement as series
     from packaging.requirements import Requirement
+
+    from hatch_aoti.build.tagging import torch_requirement as series
 
     if settings.torch_requirement is None:
         return series(torch_version)
     if not Requirement(settings.torch_requirement).specifier.contains(torch_version, prereleases=True):
-        raise ConfigError([(f"{settings.table}.torch-requirement",
-                            f"{settings.torch_requirement!r} does not allow the torch in the build environment "
-                            f"({torch_version}); the wheel would ask for a torch its models were not compiled "
-                            "for. Change it, or the torch in `[build-system] requires`")])  # fmt: skip
+        raise ConfigError(
+            [
+                (
+                    f"{settings.table}.torch-requirement",
+                    f"{settings.torch_requirement!r} does not allow the torch in the build environment "
+                    f"({torch_version}); the wheel would ask for a torch its models were not compiled "
+                    "for. Change it, or the torch in `[build-system] requires`",
+                )
+            ]
+        )
     return settings.torch_requirement
 
 
-def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch_version: str, *,
-                 can_add: bool, alternative: str = "") -> str | None:  # fmt: skip
+def torch_to_add(
+    dependencies: list[str],
+    settings: Settings,
+    needed: str,
+    torch_version: str,
+    *,
+    can_add: bool,
+    alternative: str = "",
+) -> str | None:
     """The torch requirement the front end must add to the wheel's metadata, or ``None`` where the project
     states its own in ``[project] dependencies`` (checked against the build's torch and the models' pin).
 
@@ -200,10 +214,11 @@ def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch
     if not declared:
         if can_add:
             return needed
-        raise BuildFailed(f"project.dependencies: state the torch the wheel needs, so that the metadata installers "
-                          f'read before building (prepare_metadata_for_build_wheel) has it too: add "{needed}" to '
-                          f'[project] dependencies, e.g. dependencies = ["{needed}"]'
-                          + (f"; {alternative}" if alternative else ""))  # fmt: skip
+        raise BuildFailed(
+            f"project.dependencies: state the torch the wheel needs, so that the metadata installers "
+            f'read before building (prepare_metadata_for_build_wheel) has it too: add "{needed}" to '
+            f'[project] dependencies, e.g. dependencies = ["{needed}"]' + (f"; {alternative}" if alternative else "")
+        )
     for requirement in declared:
         _check_declared(requirement, settings, needed, torch_version)
     return None
@@ -211,28 +226,35 @@ def torch_to_add(dependencies: list[str], settings: Settings, needed: str, torch
 
 def _check_declared(requirement: Any, settings: Settings, needed: str, torch_version: str) -> None:
     from packaging.requirements import Requirement
-
     from packaging.version import Version
 
     where = f"project.dependencies: {str(requirement)!r}"
     if not requirement.specifier.contains(torch_version, prereleases=True):
-        raise BuildFailed(f"{where} does not allow the torch in the build environment ({torch_version}), which "
-                          "compiles the models; change it, or the torch in `[build-system] requires`")  # fmt: skip
+        raise BuildFailed(
+            f"{where} does not allow the torch in the build environment ({torch_version}), which "
+            "compiles the models; change it, or the torch in `[build-system] requires`"
+        )
     if requirement.specifier.contains("999", prereleases=True):
-        raise BuildFailed(f"{where} allows every later torch, but compiled models load only on the releases they "
-                          f'were built for or verified with: state "{needed}" (the build\'s), or a window such as '
-                          f'"torch>={Version(torch_version).major}.{Version(torch_version).minor},<..." checked with '
-                          "`hatch-aoti verify WHEEL --torch VERSION`")  # fmt: skip
+        raise BuildFailed(
+            f"{where} allows every later torch, but compiled models load only on the releases they "
+            f'were built for or verified with: state "{needed}" (the build\'s), or a window such as '
+            f'"torch>={Version(torch_version).major}.{Version(torch_version).minor},<..." checked with '
+            "`hatch-aoti verify WHEEL --torch VERSION`"
+        )
     exact = [s for s in Requirement(needed).specifier if s.operator in ("==", "===") and "*" not in s.version]
     if needed != settings.torch_requirement and exact:
         pinned = [s for s in requirement.specifier if s.operator in ("==", "===") and "*" not in s.version]
         if not pinned or Version(pinned[0].version) != Version(exact[0].version):
-            raise BuildFailed(f"{where} allows other torch releases, but precompiled models load only under "
-                              f'{needed}: state "{needed}"')  # fmt: skip
+            raise BuildFailed(
+                f"{where} allows other torch releases, but precompiled models load only under "
+                f'{needed}: state "{needed}"'
+            )
     user = Requirement(settings.torch_requirement) if settings.torch_requirement is not None else None
     if user is not None and (user.specifier, user.marker) != (requirement.specifier, requirement.marker):
-        raise BuildFailed(f"{where} and {settings.table}.torch-requirement ({settings.torch_requirement!r}) both "
-                          "state the torch requirement; keep the one in [project] dependencies")  # fmt: skip
+        raise BuildFailed(
+            f"{where} and {settings.table}.torch-requirement ({settings.torch_requirement!r}) both "
+            "state the torch requirement; keep the one in [project] dependencies"
+        )
 
 
 def jobs_from_env() -> int:
@@ -263,8 +285,10 @@ def usable_cache(report: Reporter) -> Any:
         return None
     why = cache.untrusted(store.root)
     if why is not None:
-        report.warning(f"aoti: not using the compile cache at {store.root}: {why}. Whoever can write there can "
-                       f"put code into the wheels built from it; fix this or set {cache.ENV_DIR}")  # fmt: skip
+        report.warning(
+            f"aoti: not using the compile cache at {store.root}: {why}. Whoever can write there can "
+            f"put code into the wheels built from it; fix this or set {cache.ENV_DIR}"
+        )
         return None
     try:
         store.create()
@@ -305,7 +329,7 @@ def _torch_lib_dir() -> Path:
 class Coordination:
     """One run of the coordinator process: its events as progress, its end as a result."""
 
-    job: dict[str, Any]
+    job: protocol.Job
     stage: Path
     settings: Settings
     report: Reporter
@@ -318,10 +342,11 @@ class Coordination:
 
     def run(self) -> None:
         job_file = self.stage / "job.json"
-        job_file.write_text(json.dumps(self.job), encoding="utf-8")
+        protocol.write_job(self.job, job_file)
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(self.stage / "inductor")}
-        child = Child.start("coordinator", [*self.argv, str(job_file)], cwd=self.job["cwd"],
-                            log=self.stage / "coordinator.log", env=env)  # fmt: skip
+        child = Child.start(
+            "coordinator", [*self.argv, str(job_file)], cwd=self.job.cwd, log=self.stage / "coordinator.log", env=env
+        )
         try:
             for _, event in watch([child]):
                 if event is not None:
@@ -330,43 +355,44 @@ class Coordination:
             child.end()
         self.raise_for(child)
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        kind, name = event.pop("event"), event.get("model")
-        if kind == "stage":
-            self.doing = f"{_DOING[event['stage']]} model {name!r}"
-        elif kind == "cached":
-            self.built.add(name)
-            self.report.success(f"aoti: {name}: from cache in {event['seconds']:.1f}s, {event['check']}")
-        elif kind == "compiled":
-            self.built.add(name)
-            self.report.success(f"aoti: {name}: compiled in {event['seconds']:.1f}s, {event['check']}")
-        elif kind == "failed":
-            self.built.discard(name)
-            path = self._model_path(name)
-            self.failures[name] = f"model {name!r} ({path}) failed at {event['stage']}: {event['message']}"
-            self.report.warning(f"aoti: {name}: failed at {event['stage']}")
-        elif kind == "problems":
-            self.problems = [tuple(p) for p in event["problems"]]
-        elif kind == "warning":
-            self.report.warning(f"aoti: warning: {event['message']}")
-        elif kind == "info":
-            self.report.info(f"aoti: {event['message']}")
-        elif kind == "done":
-            self.done = True
+    def on_event(self, event: protocol.Event) -> None:
+        match event:
+            case protocol.Stage(model, stage):
+                self.doing = f"{_DOING[stage]} model {model!r}"
+            case protocol.Cached(model, seconds, check):
+                self.built.add(model)
+                self.report.success(f"aoti: {model}: from cache in {seconds:.1f}s, {check}")
+            case protocol.Built(model, seconds, check):
+                self.built.add(model)
+                self.report.success(f"aoti: {model}: compiled in {seconds:.1f}s, {check}")
+            case protocol.Failed(model, stage, message):
+                self.built.discard(model)
+                self.failures[model] = f"model {model!r} ({self._model_path(model)}) failed at {stage}: {message}"
+                self.report.warning(f"aoti: {model}: failed at {stage}")
+            case protocol.Problems(problems):
+                self.problems = problems
+            case protocol.Notice(message):
+                self.report.warning(f"aoti: warning: {message}")
+            case protocol.Info(message):
+                self.report.info(f"aoti: {message}")
+            case protocol.Done():
+                self.done = True
 
     def raise_for(self, child: Child) -> None:
         if self.problems:
             raise ConfigError(self.problems)
         failures = list(self.failures.values())
         if not self.done:
-            failures.append(f"the build coordinator {child.how_it_ended()} while {self.doing}; "
-                            f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+            failures.append(
+                f"the build coordinator {child.how_it_ended()} while {self.doing}; "
+                f"last lines of its log:\n{child.log_tail()}"
+            )
         if len(failures) == 1:
             raise BuildFailed(failures[0])
         if failures:
             head = f"{len(self.failures)} models failed" if self.done else "the build did not finish"
             n = len(self.built)
-            stored = " and cached" if self.job.get("cache") else ""
+            stored = " and cached" if self.job.cache else ""
             kept = f"; {n} model{'s were' if n != 1 else ' was'} built{stored}" if n else ""
             lines = "\n".join(f"  - {message}" for message in failures)
             raise BuildFailed(f"{head}{kept}:\n{lines}")
@@ -375,5 +401,4 @@ class Coordination:
         return next((m.path for m in self.settings.models if m.name == name), f"{self.settings.table}.models.{name}")
 
 
-_DOING = {"check": "checking", "export": "exporting", "compile": "compiling", "verify": "verifying",
-          "store": "caching"}  # fmt: skip
+_DOING = {"check": "checking", "export": "exporting", "compile": "compiling", "verify": "verifying", "store": "caching"}

@@ -129,7 +129,7 @@ def torch_libraries(torch_lib_dir: Path, names: Iterable[str] | None = None) -> 
         if path.is_file() and (wanted is None or path.name in wanted):
             try:
                 soname, defined = elf_provides(path)
-            except Exception:  # noqa: BLE001 - not an ELF file; nothing to offer
+            except Exception:
                 continue
             provided[soname] = defined
     return provided
@@ -148,7 +148,7 @@ def prepare() -> None:
         import elftools.elf.gnuversions  # noqa: F401
 
         _policies()
-    except Exception:  # noqa: BLE001, S110
+    except Exception:
         pass
 
 

@@ -17,19 +17,23 @@ if TYPE_CHECKING:
     from hatch_aoti.cli.output import Output
 
 DESCRIPTION = "inspect, verify, bench and profile a wheel built by hatch-aoti, and manage the compile cache"
-TARGET_HELP = ("a wheel file, an installed package (my_pkg or my_pkg.compiled), or a project directory "
-               "(its newest dist/*.whl)")
+TARGET_HELP = (
+    "a wheel file, an installed package (my_pkg or my_pkg.compiled), or a project directory (its newest dist/*.whl)"
+)
 
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: given after the command it sets the flag, and leaves one given before it alone.
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print one JSON document, for scripts and CI")  # fmt: skip
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document, for scripts and CI"
+    )
     package_code = argparse.ArgumentParser(add_help=False)
-    package_code.add_argument("--import-package", action="store_true",
-                              help="allow importing the package's own code, which precompiled models run when "
-                                   "loaded (implied by --eager)")  # fmt: skip
+    package_code.add_argument(
+        "--import-package",
+        action="store_true",
+        help="allow importing the package's own code, which precompiled models run when loaded (implied by --eager)",
+    )
     top = argparse.ArgumentParser(prog="hatch-aoti", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     top.add_argument("--json", action="store_true", help="print one JSON document, for scripts and CI")
@@ -38,14 +42,25 @@ def parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", parents=[common], help="models, inputs, CPU target, files, verification")
     inspect.add_argument("target", help=TARGET_HELP)
 
-    verify = commands.add_parser("verify", parents=[common, package_code], help="check files, then load and run every model here")
+    verify = commands.add_parser(
+        "verify", parents=[common, package_code], help="check files, then load and run every model here"
+    )
     verify.add_argument("target", help=TARGET_HELP)
     verify.add_argument("--eager", action="store_true", help="also compare with the eager model (imports the package)")
-    verify.add_argument("--torch", action="append", default=[], metavar="VERSION",
-                        help="instead, install the wheel beside this torch in an environment of its own and compare "
-                             "every model with eager there; repeatable")  # fmt: skip
-    verify.add_argument("--envs", type=Path, metavar="DIR",
-                        help="with --torch: keep each environment in DIR/torch-VERSION and use it again")
+    verify.add_argument(
+        "--torch",
+        action="append",
+        default=[],
+        metavar="VERSION",
+        help="instead, install the wheel beside this torch in an environment of its own and compare "
+        "every model with eager there; repeatable",
+    )
+    verify.add_argument(
+        "--envs",
+        type=Path,
+        metavar="DIR",
+        help="with --torch: keep each environment in DIR/torch-VERSION and use it again",
+    )
 
     bench = commands.add_parser("bench", parents=[common, package_code], help="per-call latency and cold start")
     bench.add_argument("target", help=TARGET_HELP)
@@ -54,15 +69,26 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=_positive, default=3, help="unrecorded calls first (default 3)")
     bench.add_argument("--repeats", type=_positive, default=7, help="timed rounds (default 7)")
     bench.add_argument("--min-time", type=_seconds, default=0.05, help="seconds a round lasts at least (default 0.05)")
-    bench.add_argument("--cold", type=_count, default=5, help="fresh-process rounds for cold start, 0 to skip (default 5)")
+    bench.add_argument(
+        "--cold", type=_count, default=5, help="fresh-process rounds for cold start, 0 to skip (default 5)"
+    )
 
-    profile = commands.add_parser("profile", parents=[common, package_code], help="a Chrome/Perfetto trace of calls to one model")
+    profile = commands.add_parser(
+        "profile", parents=[common, package_code], help="a Chrome/Perfetto trace of calls to one model"
+    )
     profile.add_argument("target", help=TARGET_HELP)
     profile.add_argument("model")
-    profile.add_argument("-o", "--output", type=Path, default=Path("trace.json"), help="trace file (default trace.json)")
+    profile.add_argument(
+        "-o", "--output", type=Path, default=Path("trace.json"), help="trace file (default trace.json)"
+    )
     profile.add_argument("--calls", type=_positive, default=10, help="calls to record (default 10)")
-    profile.add_argument("--shape", action="append", default=[], metavar="DIM=SIZE",
-                         help="size of a dynamic dim (default: the example size); repeatable")  # fmt: skip
+    profile.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="DIM=SIZE",
+        help="size of a dynamic dim (default: the example size); repeatable",
+    )
     profile.add_argument("--eager", action="store_true", help="profile the eager model too (imports the package)")
     profile.add_argument("--top", type=_positive, default=15, help="rows of the summary table (default 15)")
 
@@ -122,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `hatch-aoti ... | head`: the reader has gone, and so does the rest of the output
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except Exception as exc:  # noqa: BLE001 - one line, as promised; the traceback on request
+    except Exception as exc:
         if os.environ.get("HATCH_AOTI_DEBUG"):
             raise
         return fail(out, f"unexpected {type(exc).__name__}: {exc} (set HATCH_AOTI_DEBUG=1 for the traceback)")
@@ -161,5 +187,6 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
         if args.command == "bench":
             timing = (args.warmup, args.repeats, args.min_time)
             return bench.run(target, out, args.model, package_code, args.eager, timing, args.cold)
-        return profile.run(target, out, args.model, args.output, args.calls, args.shape, package_code, args.eager,
-                           args.top)  # fmt: skip
+        return profile.run(
+            target, out, args.model, args.output, args.calls, args.shape, package_code, args.eager, args.top
+        )

@@ -22,8 +22,15 @@ from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
 
 
-def run(target: Target, out: Output, name: str | None, package_code: bool, eager: bool, timing: tuple[int, int, float],
-        cold: int) -> int:  # fmt: skip
+def run(
+    target: Target,
+    out: Output,
+    name: str | None,
+    package_code: bool,
+    eager: bool,
+    timing: tuple[int, int, float],
+    cold: int,
+) -> int:
     if name:
         target.model(name)  # an unknown name is an error
     names = [name] if name else list(target.models)
@@ -40,8 +47,15 @@ def run(target: Target, out: Output, name: str | None, package_code: bool, eager
     return 0 if measured else 1
 
 
-def bench_model(target: Target, name: str, package_code: bool, eager: bool, timing: tuple[int, int, float],
-                cold: int, step: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+def bench_model(
+    target: Target,
+    name: str,
+    package_code: bool,
+    eager: bool,
+    timing: tuple[int, int, float],
+    cold: int,
+    step: Callable[[str], None],
+) -> dict[str, Any]:
     try:
         compiled = models.compiled(target, name, package_code)
     except models.Unavailable as exc:
@@ -56,8 +70,13 @@ def bench_model(target: Target, name: str, package_code: bool, eager: bool, timi
     spec = calls.in_spec(entry, compiled)
     rows = []
     for case in calls.cases(entry):
-        rows.append({"case": case.label, "inputs": calls.describe(entry, case.sizes),
-                     **per_call(entry, case, spec, compiled, module, timing)})  # fmt: skip
+        rows.append(
+            {
+                "case": case.label,
+                "inputs": calls.describe(entry, case.sizes),
+                **per_call(entry, case, spec, compiled, module, timing),
+            }
+        )
         step(f"{name} {case.label}")
     result: dict[str, Any] = {"per_call": rows, "eager": why_no_eager or "measured"}
     if cold:
@@ -66,8 +85,9 @@ def bench_model(target: Target, name: str, package_code: bool, eager: bool, timi
     return result
 
 
-def per_call(entry: dict[str, Any], case: calls.Case, spec: str, compiled: Any, module: Any,
-             timing: tuple[int, int, float]) -> dict[str, Any]:  # fmt: skip
+def per_call(
+    entry: dict[str, Any], case: calls.Case, spec: str, compiled: Any, module: Any, timing: tuple[int, int, float]
+) -> dict[str, Any]:
     """Compiled (and eager) timings at one case; ``error`` instead if a call fails."""
     import torch
 
@@ -79,12 +99,17 @@ def per_call(entry: dict[str, Any], case: calls.Case, spec: str, compiled: Any, 
     try:
         with torch.no_grad():
             return side_by_side(fns, *timing, sync=sync)
-    except Exception as exc:  # noqa: BLE001 - the model's own error, reported for this case
+    except Exception as exc:
         return {"error": f"{type(exc).__name__}: {models.first_line(exc)}"}
 
 
-def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, min_time: float,
-                 sync: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def side_by_side(
+    fns: dict[str, Callable[[], Any]],
+    warmup: int,
+    repeats: int,
+    min_time: float,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Seconds per call of each function: median and range of ``repeats`` interleaved rounds.
 
     ``sync`` (CUDA) waits for the device at the end of each round, so that rounds time the
@@ -107,8 +132,10 @@ def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, m
                 fn()
             sync()
             rounds[label].append((time.perf_counter() - start) / number[label])
-    return {label: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r), "calls": number[label] * repeats}
-            for label, r in rounds.items()}  # fmt: skip
+    return {
+        label: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r), "calls": number[label] * repeats}
+        for label, r in rounds.items()
+    }
 
 
 #: The fresh process of a cold start: the loader by its path, zeros of the example's shapes, one call.
@@ -132,12 +159,22 @@ def cold_start(target: Target, name: str, spec: str, package_code: bool, rounds:
     """Fresh process to the first output, and fresh process to ``import torch``, alternating after one
     unrecorded round of each: medians, ranges, and the ratio of the medians."""
     entry = target.model(name)
-    job = json.dumps([f"{target.package}.{target.loader_name}", str(target.package_dir / f"{target.loader_name}.py"),
-                      name, calls.leaves_at(entry, calls.example_sizes(entry)), spec])  # fmt: skip
+    job = json.dumps(
+        [
+            f"{target.package}.{target.loader_name}",
+            str(target.package_dir / f"{target.loader_name}.py"),
+            name,
+            calls.leaves_at(entry, calls.example_sizes(entry)),
+            spec,
+        ]
+    )
     env = dict(os.environ)
     if package_code and target.import_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target.import_root), env.get("PYTHONPATH")]))
-    commands = {"import_torch": [sys.executable, "-c", "import torch"], "first_output": [sys.executable, "-c", _CHILD, job]}
+    commands = {
+        "import_torch": [sys.executable, "-c", "import torch"],
+        "first_output": [sys.executable, "-c", _CHILD, job],
+    }
     times: dict[str, list[float]] = {label: [] for label in commands}
     for round_number in range(rounds + 1):
         for label, command in commands.items():
@@ -160,8 +197,11 @@ def show(data: dict[str, Any], out: Output) -> None:
         if "skipped" in r:
             out.line(f"{name}: skipped: {r['skipped']}", style="yellow")
             continue
-        out.table(["inputs", "shapes", "compiled", "eager", "eager/compiled"], [_row(row) for row in r["per_call"]],
-                  title=f"{name}: per call, median (range over rounds)")  # fmt: skip
+        out.table(
+            ["inputs", "shapes", "compiled", "eager", "eager/compiled"],
+            [_row(row) for row in r["per_call"]],
+            title=f"{name}: per call, median (range over rounds)",
+        )
         if r["eager"] != "measured":
             out.line(f"{name}: eager not measured: {r['eager']}")
         start = r.get("cold_start")
@@ -169,8 +209,10 @@ def show(data: dict[str, Any], out: Output) -> None:
             out.line(f"{name}: cold start: {start['error']}", style="red")
         elif start:
             first, torch = start["first_output"], start["import_torch"]
-            out.line(f"{name}: cold start, fresh process to first output {_s(first)}, import torch {_s(torch)}: "
-                     f"{start['ratio']:.2f}x (medians of {start['rounds']})")  # fmt: skip
+            out.line(
+                f"{name}: cold start, fresh process to first output {_s(first)}, import torch {_s(torch)}: "
+                f"{start['ratio']:.2f}x (medians of {start['rounds']})"
+            )
 
 
 def _row(row: dict[str, Any]) -> list[str]:

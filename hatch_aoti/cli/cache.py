@@ -21,7 +21,9 @@ def store(max_size: str | None = None) -> cache.CompileCache:
         try:
             cap = cache.parse_size(max_size)
         except ValueError:
-            raise CliError(f"--max-size must be a size such as 20GB, 512MB or a number of bytes, not {max_size!r}") from None
+            raise CliError(
+                f"--max-size must be a size such as 20GB, 512MB or a number of bytes, not {max_size!r}"
+            ) from None
         env[cache.ENV_MAX_SIZE] = str(cap)
     try:
         return cache.configured(env)
@@ -34,32 +36,49 @@ def info(out: Output) -> int:
     now = time.time()
     entries = [_describe(d, r, now - used) for d, r, used in sorted(compile_cache.records(), key=lambda x: -x[2])]
     bytecode = _usage(compile_cache.root / cache.BYTECODE_DIR)
-    data = {"root": str(compile_cache.root), "untrusted": cache.untrusted(compile_cache.root),
-            "max_size": compile_cache.max_size, "size": sum(e["size"] for e in entries), "entries": entries,
-            "bytecode": {"path": str(compile_cache.root / cache.BYTECODE_DIR), **bytecode}}  # fmt: skip
+    data = {
+        "root": str(compile_cache.root),
+        "untrusted": cache.untrusted(compile_cache.root),
+        "max_size": compile_cache.max_size,
+        "size": sum(e["size"] for e in entries),
+        "entries": entries,
+        "bytecode": {"path": str(compile_cache.root / cache.BYTECODE_DIR), **bytecode},
+    }
     out.data(data)
     if out.json:
         return 0
-    out.line(f"compile cache: {data['root']}, {len(entries)} entries, {human_size(data['size'])} "
-             f"of {human_size(data['max_size'])} ({cache.ENV_MAX_SIZE})")  # fmt: skip
+    out.line(
+        f"compile cache: {data['root']}, {len(entries)} entries, {human_size(data['size'])} "
+        f"of {human_size(data['max_size'])} ({cache.ENV_MAX_SIZE})"
+    )
     if data["untrusted"]:
         out.line(f"builds do not use it: {data['untrusted']}", style="red")
-    rows = [[e["key"][:16], e["backend"], e["device"], human_size(e["size"]), _age(e["last_used_s_ago"])]
-            for e in entries]  # fmt: skip
+    rows = [
+        [e["key"][:16], e["backend"], e["device"], human_size(e["size"]), _age(e["last_used_s_ago"])] for e in entries
+    ]
     out.table(["key", "backend", "device", "size", "last used"], rows)
-    out.line(f"bytecode store: {data['bytecode']['path']}, {bytecode['files']} files, {human_size(bytecode['size'])} "
-             "(delete it at any time)")  # fmt: skip
+    out.line(
+        f"bytecode store: {data['bytecode']['path']}, {bytecode['files']} files, {human_size(bytecode['size'])} "
+        "(delete it at any time)"
+    )
     return 0
 
 
 def prune(out: Output, max_size: str | None) -> int:
     compile_cache = store(max_size)
     removed = compile_cache.evict()
-    data = {"root": str(compile_cache.root), "max_size": compile_cache.max_size,
-            "removed": [p.name for p in removed], "size": _entries_size(compile_cache)}  # fmt: skip
+    size = _entries_size(compile_cache)
+    data = {
+        "root": str(compile_cache.root),
+        "max_size": compile_cache.max_size,
+        "removed": [p.name for p in removed],
+        "size": size,
+    }
     out.data(data)
-    out.line(f"removed {len(removed)} entries used longest ago; {human_size(data['size'])} left "
-             f"(cap {human_size(compile_cache.max_size)})")  # fmt: skip
+    out.line(
+        f"removed {len(removed)} entries used longest ago; {human_size(size)} left "
+        f"(cap {human_size(compile_cache.max_size)})"
+    )
     return 0
 
 
@@ -69,18 +88,29 @@ def clear(out: Output) -> int:
     bytecode = compile_cache.root / cache.BYTECODE_DIR
     freed = _usage(bytecode)
     shutil.rmtree(bytecode, ignore_errors=True)
-    data = {"root": str(compile_cache.root), "removed": [p.name for p in removed], "in_use": [p.name for p in in_use],
-            "bytecode_removed": freed}  # fmt: skip
+    data = {
+        "root": str(compile_cache.root),
+        "removed": [p.name for p in removed],
+        "in_use": [p.name for p in in_use],
+        "bytecode_removed": freed,
+    }
     out.data(data)
-    out.line(f"removed {len(removed)} entries and the bytecode store ({human_size(freed['size'])})"
-             + (f"; {len(in_use)} entries in use by a running build were kept" if in_use else ""))  # fmt: skip
+    out.line(
+        f"removed {len(removed)} entries and the bytecode store ({human_size(freed['size'])})"
+        + (f"; {len(in_use)} entries in use by a running build were kept" if in_use else "")
+    )
     return 0
 
 
 def _describe(entry_dir: Path, record: dict[str, Any], age: float) -> dict[str, Any]:
-    entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
-    return {"key": entry_dir.name, "backend": entry.get("backend", "?"), "device": entry.get("device", "?"),
-            "size": record["size"], "last_used_s_ago": round(age)}  # fmt: skip
+    entry = record["entry"] if isinstance(record.get("entry"), dict) else {}
+    return {
+        "key": entry_dir.name,
+        "backend": entry.get("backend", "?"),
+        "device": entry.get("device", "?"),
+        "size": record["size"],
+        "last_used_s_ago": round(age),
+    }
 
 
 def _entries_size(compile_cache: cache.CompileCache) -> int:

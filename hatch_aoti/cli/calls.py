@@ -29,7 +29,7 @@ def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
             if isinstance(d, dict):
                 mult, offset = d.get("mult", 1), d.get("offset", 0)
                 high = None if d["max"] is None else (d["max"] - offset) // mult
-                found.setdefault(d.get("root", d["name"]), ((d["min"] - offset) // mult, high))
+                found.setdefault(str(d.get("root", d["name"])), ((d["min"] - offset) // mult, high))
     return found
 
 
@@ -38,8 +38,12 @@ def _sizes_of(entry: dict[str, Any], shapes: list[list[int]]) -> dict[str, int] 
     tensors = [leaf for leaf in entry["call"] if "const" not in leaf]
     if len(shapes) != len(tensors) or any(len(s) != len(leaf["shape"]) for s, leaf in zip(shapes, tensors)):
         return None
-    return {d.get("root", d["name"]): (n - d.get("offset", 0)) // d.get("mult", 1)
-            for leaf, shape in zip(tensors, shapes) for d, n in zip(leaf["shape"], shape) if isinstance(d, dict)}  # fmt: skip
+    return {
+        str(d.get("root", d["name"])): (n - d.get("offset", 0)) // d.get("mult", 1)
+        for leaf, shape in zip(tensors, shapes)
+        for d, n in zip(leaf["shape"], shape)
+        if isinstance(d, dict)
+    }
 
 
 def _tried(entry: dict[str, Any]) -> list[Case]:
@@ -97,7 +101,9 @@ def in_spec(entry: dict[str, Any], model: Any) -> str:
     return model.runner.get_call_spec()[0]
 
 
-def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def make_inputs(
+    entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) with the structure ``spec`` (see :func:`in_spec`), at ``sizes``: the build's own
     inputs where ``seed`` is the case's."""
     from torch.utils import _pytree as pytree
@@ -105,9 +111,12 @@ def make_inputs(entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: i
     from hatch_aoti.worker import generate
 
     gen = generate.generator(seed or 0)
-    leaves = [leaf["const"] if "const" in leaf else generate.tensor(_shape(leaf, sizes), leaf["dtype"], leaf["device"],
-                                                                     gen, leaf.get("low"), leaf.get("high"))
-              for leaf in entry["call"]]  # fmt: skip
+    leaves = [
+        leaf["const"]
+        if "const" in leaf
+        else generate.tensor(_shape(leaf, sizes), leaf["dtype"], leaf["device"], gen, leaf.get("low"), leaf.get("high"))
+        for leaf in entry["call"]
+    ]
     args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(spec))
     return tuple(args), dict(kwargs)
 
@@ -130,8 +139,9 @@ def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
     parts = []
     for leaf in entry["call"]:
         if "const" not in leaf:
-            shape = [str(d) if isinstance(d, int) else str(_size(d, sizes)) if sizes else d["name"]
-                     for d in leaf["shape"]]  # fmt: skip
+            shape = [
+                str(d) if isinstance(d, int) else str(_size(d, sizes)) if sizes else d["name"] for d in leaf["shape"]
+            ]
             parts.append(f"{leaf['dtype']}[{', '.join(shape)}]")
     return ", ".join(parts)
 
@@ -143,15 +153,18 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict
 
     from hatch_aoti.worker.verify import compare, copied
 
-    result: dict[str, Any] = {"case": case.label, "inputs": describe(entry, case.sizes),
-                              "the_builds_inputs": case.seed is not None}  # fmt: skip
+    result: dict[str, Any] = {
+        "case": case.label,
+        "inputs": describe(entry, case.sizes),
+        "the_builds_inputs": case.seed is not None,
+    }
     sample = make_inputs(entry, case.sizes, in_spec(entry, model), case.seed)
     (args, kwargs), (e_args, e_kwargs) = sample, copied(sample)  # each run its own inputs: a model may write them
     with torch.no_grad():
         try:
             actual = model(*args, **kwargs)
             expected = module(*e_args, **e_kwargs) if module is not None else None
-        except Exception as exc:  # noqa: BLE001 - reported per case
+        except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             return result
     if module is not None:

@@ -21,8 +21,11 @@ def collect(target: Target) -> dict[str, Any]:
         "loader": f"{target.package}.{target.loader_name}",
         "distribution": {"name": dist.name, "version": dist.version, "tags": dist.tags, "requires": dist.requires},
         "built_with": {"hatch_aoti": manifest.get("hatch_aoti"), "torch": manifest.get("torch")},
-        "this_machine": {"arch": os.uname().machine, "torch": machine.installed_torch(),
-                         "torch_problem": machine.torch_problem(target)},  # fmt: skip
+        "this_machine": {
+            "arch": os.uname().machine,
+            "torch": machine.installed_torch(),
+            "torch_problem": machine.torch_problem(target),
+        },
         "files": package_files(target),
         "models": {name: model(target, name, entry) for name, entry in target.models.items()},
     }
@@ -30,11 +33,21 @@ def collect(target: Target) -> dict[str, Any]:
 
 def package_files(target: Target) -> list[dict[str, Any]]:
     """The loader, the manifest and any backend run-time modules, with RECORD's digests where it has them."""
-    paths = [target.package_dir / f"{target.loader_name}.py", *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
-             *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py"))]  # fmt: skip
+    paths = [
+        target.package_dir / f"{target.loader_name}.py",
+        *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
+        *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py")),
+    ]
     record = target.dist.digests()
-    return [{"path": p.relative_to(target.package_dir).as_posix(), "size": target.size(p),
-             "recorded_sha256": record.get(p.resolve(), "")} for p in paths if p.is_file()]  # fmt: skip
+    return [
+        {
+            "path": p.relative_to(target.package_dir).as_posix(),
+            "size": target.size(p),
+            "recorded_sha256": record.get(p.resolve(), ""),
+        }
+        for p in paths
+        if p.is_file()
+    ]
 
 
 def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -55,8 +68,10 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "inductor_configs": configs,
         "verification": entry.get("verification"),
         "needs": entry.get("needs", {}),
-        "files": [{"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": target.size(directory / rel),
-                   "recorded_sha256": digest} for rel, digest in recorded_files(entry).items()],  # fmt: skip
+        "files": [
+            {"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": target.size(directory / rel), "recorded_sha256": digest}
+            for rel, digest in recorded_files(entry).items()
+        ],
     }
 
 
@@ -76,14 +91,26 @@ def show(data: dict[str, Any], out: Output) -> None:
     out.line(f"  wheel tag:     {', '.join(dist['tags']) or '?'}")
     out.line(f"  Requires-Dist: {', '.join(dist['requires']) or 'none'}")
     torch_line = f"torch {here['torch']}" if here["torch"] else "no torch"
-    out.line(f"  this machine:  {here['arch']}, {torch_line}"
-             + (f": {here['torch_problem']}" if here["torch_problem"] else ""))  # fmt: skip
+    out.line(
+        f"  this machine:  {here['arch']}, {torch_line}"
+        + (f": {here['torch_problem']}" if here["torch_problem"] else "")
+    )
     rows = []
     for name, m in data["models"].items():
-        dynamic = ", ".join(f"{d} {r['min']}..{r['max'] if r['max'] is not None else 'inf'}"
-                            for d, r in m["dynamic"].items())  # fmt: skip
-        rows.append([name, m["backend"], m["device"], m["inputs"], dynamic or "static", m["cpu"]["target"],
-                     "; ".join(m["problems"]) or "yes"])  # fmt: skip
+        dynamic = ", ".join(
+            f"{d} {r['min']}..{r['max'] if r['max'] is not None else 'inf'}" for d, r in m["dynamic"].items()
+        )
+        rows.append(
+            [
+                name,
+                m["backend"],
+                m["device"],
+                m["inputs"],
+                dynamic or "static",
+                m["cpu"]["target"],
+                "; ".join(m["problems"]) or "yes",
+            ]
+        )
     out.table(["model", "backend", "device", "inputs", "dynamic", "cpu target", "runs here"], rows)
     for name, m in data["models"].items():
         out.line(f"{name}:", style="bold")
@@ -93,8 +120,10 @@ def show(data: dict[str, Any], out: Output) -> None:
         for what, need in m["needs"].items():
             out.line(f"  needs {what}: {need}")
     files = [*data["files"], *(f for m in data["models"].values() for f in m["files"])]
-    out.table(["file (in the package)", "size", "recorded sha256"],
-              [[f["path"], human_size(f["size"]), f["recorded_sha256"] or "-"] for f in files])  # fmt: skip
+    out.table(
+        ["file (in the package)", "size", "recorded sha256"],
+        [[f["path"], human_size(f["size"]), f["recorded_sha256"] or "-"] for f in files],
+    )
 
 
 def _verified(report: dict[str, Any] | None) -> str:

@@ -70,8 +70,11 @@ def _compare(have: str | None, want: str, what: str, source: str) -> str | None:
 def _record_in_package(target: Target) -> list[tuple[Path, str, str]]:
     """RECORD's files inside the package directory that have a sha256: (path, digest, path in the package)."""
     root = target.package_dir.resolve()
-    return [(path, digest, path.relative_to(root).as_posix())
-            for path, digest in target.dist.digests().items() if path.is_relative_to(root)]  # fmt: skip
+    return [
+        (path, digest, path.relative_to(root).as_posix())
+        for path, digest in target.dist.digests().items()
+        if path.is_relative_to(root)
+    ]
 
 
 def _model_of(path: Path, artifacts: Path, target: Target) -> str | None:

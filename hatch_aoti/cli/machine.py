@@ -1,4 +1,5 @@
-"""Whether this machine can run a target's models, told without importing the package (nor torch, but for CUDA models)."""
+"""Whether this machine can run a target's models, told without importing the package
+(nor torch, but for CUDA models)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ def backend_problem(entry: dict[str, Any]) -> str | None:
         return None
     here = (platform.python_version(), installed_torch())
     if (entry.get("python"), entry.get("torch")) != here:
-        return (f"precompiled with Python {entry.get('python')} and torch {entry.get('torch')}; "
-                f"this is Python {here[0]} with torch {here[1]}")  # fmt: skip
+        return (
+            f"precompiled with Python {entry.get('python')} and torch {entry.get('torch')}; "
+            f"this is Python {here[0]} with torch {here[1]}"
+        )
     return None
 
 
@@ -71,6 +74,5 @@ def device_problem(entry: dict[str, Any]) -> str | None:
 
 def problems(target: Target, entry: dict[str, Any]) -> list[str]:
     """Everything that stops the model from running here, before anything is loaded."""
-    found = [torch_problem(target), cpu_problem(entry), backend_problem(entry)]
-    found = [p for p in found if p]
+    found = [p for p in (torch_problem(target), cpu_problem(entry), backend_problem(entry)) if p]
     return found or [p for p in [device_problem(entry)] if p]  # no torch to ask if torch is the problem

@@ -26,12 +26,15 @@ def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any
         raise Unavailable("cannot run here: " + "; ".join(problems))
     if entry.get("backend") == "precompile":
         if not package_code:
-            raise Unavailable("precompiled models run the package's own code (their factory) when loaded; "
-                              "pass --import-package (or --eager) to allow it", skipped=True)  # fmt: skip
+            raise Unavailable(
+                "precompiled models run the package's own code (their factory) when loaded; "
+                "pass --import-package (or --eager) to allow it",
+                skipped=True,
+            )
         target.allow_package_code()
     try:
         return target.loader().load(name)
-    except Exception as exc:  # noqa: BLE001 - the loader's refusal is the message
+    except Exception as exc:
         raise Unavailable(f"does not load: {type(exc).__name__}: {first_line(exc)}") from None
 
 
@@ -46,5 +49,5 @@ def eager(target: Target, name: str) -> Any:
     target.allow_package_code()
     try:
         return resolve(factory)().to(entry["device"]).eval()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise Unavailable(f"cannot build the eager model with {factory}: {first_line(short_exception(exc))}") from None

@@ -28,8 +28,15 @@ class Output:
         from rich import box
         from rich.table import Table
 
-        table = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD if self.terminal else None,
-                      show_edge=False, pad_edge=False, highlight=False)  # fmt: skip
+        table = Table(
+            *columns,
+            title=title,
+            title_justify="left",
+            box=box.SIMPLE_HEAD if self.terminal else None,
+            show_edge=False,
+            pad_edge=False,
+            highlight=False,
+        )
         from rich.text import Text
 
         for row in rows:

@@ -17,8 +17,17 @@ from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import CliError, Target
 
 
-def run(target: Target, out: Output, name: str, trace: Path, calls_n: int, shapes: list[str], package_code: bool,
-        eager: bool, top: int) -> int:  # fmt: skip
+def run(
+    target: Target,
+    out: Output,
+    name: str,
+    trace: Path,
+    calls_n: int,
+    shapes: list[str],
+    package_code: bool,
+    eager: bool,
+    top: int,
+) -> int:
     entry = target.model(name)
     try:
         sizes = {**calls.example_sizes(entry), **calls.parse_shape(shapes, entry)}
@@ -30,10 +39,19 @@ def run(target: Target, out: Output, name: str, trace: Path, calls_n: int, shape
         module = models.eager(target, name) if eager else None
     except models.Unavailable as exc:
         raise CliError(f"{name}: {exc}") from None
-    events = record(name, compiled, module, calls.make_inputs(entry, sizes, calls.in_spec(entry, compiled)), calls_n, trace)
+    events = record(
+        name, compiled, module, calls.make_inputs(entry, sizes, calls.in_spec(entry, compiled)), calls_n, trace
+    )
     kernel_profile = bool(entry.get("inductor_configs", {}).get("cpp.enable_kernel_profile"))
-    data = {"target": target.where, "model": name, "inputs": calls.describe(entry, sizes), "calls": calls_n,
-            "trace": str(trace), "kernel_profile": kernel_profile, "top": events[:top]}  # fmt: skip
+    data = {
+        "target": target.where,
+        "model": name,
+        "inputs": calls.describe(entry, sizes),
+        "calls": calls_n,
+        "trace": str(trace),
+        "kernel_profile": kernel_profile,
+        "top": events[:top],
+    }
     out.data(data)
     if not out.json:
         show(data, out)
@@ -73,24 +91,30 @@ def record(name: str, compiled: Any, module: Any, inputs: tuple[Any, Any], n: in
                     for _ in range(n):
                         with record_function(label):
                             fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the model's own error
+    except Exception as exc:
         raise CliError(f"{name}: a call failed: {type(exc).__name__}: {models.first_line(exc)}") from None
     trace.unlink(missing_ok=True)
     prof.export_chrome_trace(str(trace))  # logs rather than raises when it cannot write
     if not trace.is_file() or trace.stat().st_size == 0:
         Path(f"{trace}.tmp").unlink(missing_ok=True)
         raise CliError(f"-o {trace}: torch.profiler could not write the trace")
-    rows = [{"name": e.key, "calls": e.count, "self_us": e.self_cpu_time_total, "total_us": e.cpu_time_total}
-            for e in prof.key_averages()]  # fmt: skip
+    rows = [
+        {"name": e.key, "calls": e.count, "self_us": e.self_cpu_time_total, "total_us": e.cpu_time_total}
+        for e in prof.key_averages()
+    ]
     return sorted(rows, key=lambda r: -r["self_us"])
 
 
 def show(data: dict[str, Any], out: Output) -> None:
-    out.line(f"{data['model']}: {data['calls']} calls at {data['inputs']}; trace written to {data['trace']} "
-             "(open it in https://ui.perfetto.dev or chrome://tracing)")  # fmt: skip
+    out.line(
+        f"{data['model']}: {data['calls']} calls at {data['inputs']}; trace written to {data['trace']} "
+        "(open it in https://ui.perfetto.dev or chrome://tracing)"
+    )
     rows = [[e["name"], e["calls"], f"{e['self_us']:.0f}", f"{e['total_us']:.0f}"] for e in data["top"]]
     out.table(["op / kernel", "calls", "self CPU us", "CPU total us"], rows, title="Top by self CPU time")
     if not data["kernel_profile"]:
-        out.line("Generated kernels are not in this trace: the library was built without kernel profiling. "
-                 'Build a profiling wheel with inductor-configs = { "cpp.enable_kernel_profile" = true } '
-                 "or TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1 to see them.")  # fmt: skip
+        out.line(
+            "Generated kernels are not in this trace: the library was built without kernel profiling. "
+            'Build a profiling wheel with inductor-configs = { "cpp.enable_kernel_profile" = true } '
+            "or TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1 to see them."
+        )

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import csv
 import email.parser
+import importlib.metadata
 import importlib.util
-import io
 import json
 import sys
 import tempfile
@@ -138,8 +137,10 @@ def newest_wheel(project: Path) -> Path:
             if name is None or parse_wheel_filename(wheel.name)[0] == canonicalize_name(name):
                 wheels.append(wheel)
     if not wheels:
-        raise CliError(f"no wheel{f' of {name}' if name else ''} in {project / 'dist'}: build one first "
-                       f"(python -m build {project})")  # fmt: skip
+        raise CliError(
+            f"no wheel{f' of {name}' if name else ''} in {project / 'dist'}: build one first "
+            f"(python -m build {project})"
+        )
     return max(wheels, key=lambda p: p.stat().st_mtime)
 
 
@@ -181,37 +182,24 @@ def _model_file(name: str, artifacts: str) -> bool:
 
 
 def wheel_dist(root: Path) -> Dist:
+    from importlib import metadata
+
     infos = sorted(root.glob("*.dist-info"))
-    if not infos:
-        return Dist(base=root)
-    return read_dist(*(_read(infos[0] / n) for n in ("METADATA", "WHEEL", "RECORD")), root)
+    return from_distribution(metadata.PathDistribution(infos[0]), root) if infos else Dist(base=root)
 
 
-def read_dist(metadata_text: str, wheel_text: str, record_text: str, base: Path) -> Dist:
-    """Name, version, tags, requirements and RECORD from a ``.dist-info``'s files."""
-    parse = email.parser.Parser().parsestr
-    metadata, wheel = parse(metadata_text), parse(wheel_text)
-    record: dict[str, tuple[str, int | None]] = {}
-    for row in csv.reader(io.StringIO(record_text)):
-        if len(row) >= 3 and row[0]:
-            record[row[0]] = (_hex(row[1]), int(row[2]) if row[2].isdigit() else None)
-    return Dist(metadata.get("Name", ""), metadata.get("Version", ""), wheel.get_all("Tag") or [],
-                metadata.get_all("Requires-Dist") or [], record, base)  # fmt: skip
+def from_distribution(dist: importlib.metadata.Distribution, base: Path) -> Dist:
+    """Name, version, tags, requirements and RECORD of a ``.dist-info``, through importlib.metadata."""
+    wheel = email.parser.Parser().parsestr(dist.read_text("WHEEL") or "")
+    record = {str(f): (_hex(f.hash), f.size) for f in dist.files or []}
+    return Dist(dist.name or "", dist.version or "", wheel.get_all("Tag") or [], dist.requires or [], record, base)
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return ""
-
-
-def _hex(digest: str) -> str:
+def _hex(digest: importlib.metadata.FileHash | None) -> str:
     """RECORD's ``sha256=<urlsafe base64>`` as hex; "" for other algorithms or none."""
-    algorithm, _, value = digest.partition("=")
-    if algorithm != "sha256" or not value:
+    if digest is None or digest.mode != "sha256" or not digest.value:
         return ""
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+    return base64.urlsafe_b64decode(digest.value + "=" * (-len(digest.value) % 4)).hex()
 
 
 def from_installed(name: str) -> Target:
@@ -225,8 +213,10 @@ def from_installed(name: str) -> Target:
     if not (package_dir / ARTIFACT_DIR / MANIFEST).is_file():
         editable = _package_dir([f"_hatch_aoti_{'_'.join(package)}"])
         if editable is None or not (editable[0] / ARTIFACT_DIR / MANIFEST).is_file():
-            raise CliError(f"{name} has no models compiled by hatch-aoti (no {ARTIFACT_DIR}/{MANIFEST} in "
-                           f"{package_dir}){_below(package_dir, package)}")  # fmt: skip
+            raise CliError(
+                f"{name} has no models compiled by hatch-aoti (no {ARTIFACT_DIR}/{MANIFEST} in "
+                f"{package_dir}){_below(package_dir, package)}"
+            )
         package_dir, kind = editable[0], "editable"
     target = _target(kind, name, package_dir, installed_dist(parts[0], package_dir), package=".".join(package))
     if loader is not None and loader != target.loader_name:
@@ -269,15 +259,17 @@ def installed_dist(top: str, package_dir: Path) -> Dist:
     for name in dict.fromkeys([*owners.get(top, []), *owners.get(package_dir.name, [])]):
         dist = metadata.distribution(name)
         base = Path(str(dist.locate_file("")))
-        if not any((base / str(f)).resolve() == (package_dir / ARTIFACT_DIR / MANIFEST).resolve() for f in dist.files or []):
+        if not any(
+            (base / str(f)).resolve() == (package_dir / ARTIFACT_DIR / MANIFEST).resolve() for f in dist.files or []
+        ):
             continue  # another copy of the package, elsewhere on sys.path
-        texts = [dist.read_text(n) or "" for n in ("METADATA", "WHEEL", "RECORD")]
-        return read_dist(*texts, base)
+        return from_distribution(dist, base)
     return Dist()
 
 
-def _target(kind: str, where: str, package_dir: Path, dist: Dist, *, import_root: Path | None = None,
-            package: str = "") -> Target:  # fmt: skip
+def _target(
+    kind: str, where: str, package_dir: Path, dist: Dist, *, import_root: Path | None = None, package: str = ""
+) -> Target:
     """``package`` defaults to the manifest's, or else to the package's path in the extracted wheel."""
     try:
         manifest = json.loads((package_dir / ARTIFACT_DIR / MANIFEST).read_text(encoding="utf-8"))
@@ -323,7 +315,9 @@ def manifest_problem(manifest: Any) -> str | None:
                     return f"model {name!r}: `{label}{key}` is missing or not a {kind.__name__}"
         if not isinstance(entry.get("files", {}), dict):
             return f"model {name!r}: `files` is not a table"
-        if not all(isinstance(leaf, dict) and ("const" in leaf or isinstance(leaf.get("shape"), list))
-                   for leaf in entry["call"]):  # fmt: skip
+        if not all(
+            isinstance(leaf, dict) and ("const" in leaf or isinstance(leaf.get("shape"), list))
+            for leaf in entry["call"]
+        ):
             return f"model {name!r}: `call` has an input without a shape"
     return None

@@ -23,8 +23,12 @@ def run(target: Target, out: Output, package_code: bool, eager: bool) -> int:
             step(name)
     statuses = [r["status"] for r in results.values()]
     passed = not files.package and "failed" not in statuses and "ok" in statuses
-    data = {"target": target.where, "passed": passed,
-            "files": {"checked": files.checked, "problems": files.package}, "models": results}  # fmt: skip
+    data = {
+        "target": target.where,
+        "passed": passed,
+        "files": {"checked": files.checked, "problems": files.package},
+        "models": results,
+    }
     out.data(data)
     if not out.json:
         show(data, out)
@@ -69,6 +73,8 @@ def show(data: dict[str, Any], out: Output) -> None:
             out.line(f"FAILED  {name}: {r['reason']}", style="red")
     counts = {s: sum(r["status"] == s for r in data["models"].values()) for s in ("ok", "failed", "skipped")}
     verdict = "passed" if data["passed"] else "FAILED"
-    out.line(f"{verdict}: {data['files']['checked']} file digests checked; models: {counts['ok']} ok, "
-             f"{counts['failed']} failed, {counts['skipped']} skipped"
-             + (" (none was run)" if not counts["ok"] + counts["failed"] else ""))  # fmt: skip
+    out.line(
+        f"{verdict}: {data['files']['checked']} file digests checked; models: {counts['ok']} ok, "
+        f"{counts['failed']} failed, {counts['skipped']} skipped"
+        + (" (none was run)" if not counts["ok"] + counts["failed"] else "")
+    )

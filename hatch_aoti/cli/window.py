@@ -4,8 +4,9 @@ Each release gets an environment of its own, made with uv where it is on PATH an
 venv and pip, each with the user's own index settings: that torch, then the wheel without its
 dependencies, then its other requirements. There a worker (``window_worker.py``: torch and
 hatch-aoti's pure-Python modules, nothing installed) loads each model, in a process of its own,
-and runs it against eager on the build's verification inputs, as ``hatch-aoti verify --eager`` does. The result is a table, release by
-model, and the narrowest ``torch-requirement`` the passing releases support.
+and runs it against eager on the build's verification inputs, as ``hatch-aoti verify --eager``
+does. The result is a table, release by model, and the narrowest ``torch-requirement`` the
+passing releases support.
 """
 
 from __future__ import annotations
@@ -26,21 +27,33 @@ from hatch_aoti.cli.target import CliError, Target
 
 def run(target: Target, out: Output, versions: list[str], envs: Path | None) -> int:
     if target.kind != "wheel":
-        raise CliError(f"--torch installs the wheel into environments of its own: give a wheel file, not {target.where}")
+        raise CliError(
+            f"--torch installs the wheel into environments of its own: give a wheel file, not {target.where}"
+        )
     built = str(target.manifest.get("torch", "?"))
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="hatch-aoti-window-") as tmp:
         root = envs or Path(tmp)
         for version in versions:
-            out.line(f"torch {version}: preparing an environment ({'uv' if shutil.which('uv') else 'venv and pip'})",
-                     style="dim")  # fmt: skip
+            out.line(
+                f"torch {version}: preparing an environment ({'uv' if shutil.which('uv') else 'venv and pip'})",
+                style="dim",
+            )
             results[version] = one_release(target, version, root / f"torch-{version}", Path(tmp))
-    passing = [v for v, r in results.items() if "error" not in r and all(
-        m["status"] in ("pass", "skipped") for m in r["models"].values())]  # fmt: skip
+    passing = [
+        v
+        for v, r in results.items()
+        if "error" not in r and all(m["status"] in ("pass", "skipped") for m in r["models"].values())
+    ]
     precompiled = any(m.get("backend") == "precompile" for m in target.models.values())
     requirement = f"torch=={built.split('+')[0]}" if precompiled else narrowest([built, *passing])
-    data = {"target": target.where, "built_with": built, "versions": results,
-            "passed": len(passing) == len(results), "requirement": requirement}  # fmt: skip
+    data = {
+        "target": target.where,
+        "built_with": built,
+        "versions": results,
+        "passed": len(passing) == len(results),
+        "requirement": requirement,
+    }
     out.data(data)
     if not out.json:
         show(data, out)
@@ -112,16 +125,19 @@ def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
 def _check(python: Path, target: Target, name: str, env: dict[str, str], tmp: Path) -> dict[str, Any]:
     command = [str(python), "-m", "hatch_aoti.cli.window_worker", target.package, target.loader_name, name]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp, check=False,
-                              timeout=MODEL_TIMEOUT_S)  # fmt: skip
+        proc = subprocess.run(
+            command, capture_output=True, text=True, env=env, cwd=tmp, check=False, timeout=MODEL_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         return {"status": "fails", "reason": f"did not finish in {MODEL_TIMEOUT_S} s (HATCH_AOTI_VERIFY_TIMEOUT)"}
     try:
         found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
         return found
     except (IndexError, ValueError):
-        return {"status": "fails", "reason": f"the check crashed (exit status {proc.returncode}): "
-                f"{_last_line(proc.stderr)}"}  # fmt: skip
+        return {
+            "status": "fails",
+            "reason": f"the check crashed (exit status {proc.returncode}): {_last_line(proc.stderr)}",
+        }
 
 
 def narrowest(versions: list[str]) -> str:

@@ -24,16 +24,19 @@ def check(loader: Any, name: str) -> dict[str, Any]:
         return {"status": "skipped", "reason": PRECOMPILED}
     try:
         model = loader.load(name)
-    except Exception as exc:  # noqa: BLE001 - the loader's refusal is the reason
+    except Exception as exc:
         return {"status": "fails to load", "reason": f"{type(exc).__name__}: {calls.first_line(exc)}"}
     try:
         module = pkgutil.resolve_name(entry["factory"])().to(entry["device"]).eval()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"status": "fails", "reason": f"the eager model: {type(exc).__name__}: {calls.first_line(exc)}"}
     cases = [calls.run_case(entry, model, module, case) for case in calls.cases(entry)]
     bad = [c for c in cases if "error" in c]
-    return {"status": "mismatch" if bad else "pass", "reason": f"{bad[0]['case']}: {bad[0]['error']}" if bad else "",
-            "cases": cases}  # fmt: skip
+    return {
+        "status": "mismatch" if bad else "pass",
+        "reason": f"{bad[0]['case']}: {bad[0]['error']}" if bad else "",
+        "cases": cases,
+    }
 
 
 def main(package: str, loader_name: str, name: str) -> None:

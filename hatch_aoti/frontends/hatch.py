@@ -103,17 +103,22 @@ class AotiBuildHook(BuildHookInterface):
         found = ", ".join(sorted(top)) or "none"
         if settings.package is None:
             if len(top) != 1:
-                raise BuildFailed(f"{settings.table}.package: cannot pick the package for the compiled models: the "
-                                  f"wheel has {len(top)} top-level packages ({found}); set `package = \"...\"`")
+                raise BuildFailed(
+                    f"{settings.table}.package: cannot pick the package for the compiled models: the "
+                    f'wheel has {len(top)} top-level packages ({found}); set `package = "..."`'
+                )
             package = next(iter(top))
         else:
             package = settings.package
             if package.split(".")[0] not in top or f"{package.replace('.', '/')}/__init__.py" not in included_paths:
-                raise BuildFailed(f"{settings.table}.package: {package!r} is not a package in this wheel (found: {found})")
+                raise BuildFailed(
+                    f"{settings.table}.package: {package!r} is not a package in this wheel (found: {found})"
+                )
         clash = f"{package.replace('.', '/')}/{settings.loader}.py"
         if clash in included_paths:
-            raise BuildFailed(f"{settings.table}.loader: {clash} already exists in the project; choose another "
-                              "`loader` name")  # fmt: skip
+            raise BuildFailed(
+                f"{settings.table}.loader: {clash} already exists in the project; choose another `loader` name"
+            )
         return package, top[package.split(".")[0]]
 
     def _editable(self, build_data: dict[str, Any], package: str, loader: str, staged: Path) -> None:

@@ -30,8 +30,12 @@ def finalize(dist: Any) -> None:
     dist.hatch_aoti_can_add_torch = _dependencies_dynamic(document)
     dist.has_ext_modules = lambda: True  # native code: platform wheel, files in platlib
     dist.cmdclass["build_aoti"] = build_aoti
-    for name, extend in (("build", _build), ("bdist_wheel", _bdist_wheel), ("editable_wheel", _requiring_torch),
-                         ("dist_info", _requiring_torch)):  # fmt: skip
+    for name, extend in (
+        ("build", _build),
+        ("bdist_wheel", _bdist_wheel),
+        ("editable_wheel", _requiring_torch),
+        ("dist_info", _requiring_torch),
+    ):
         dist.cmdclass[name] = extend(dist.cmdclass.get(name) or _default(name))
 
 
@@ -61,8 +65,12 @@ def _dependencies_dynamic(document: dict[str, Any]) -> bool:
 def _default(name: str) -> type:
     import importlib
 
-    module = {"build": "build", "bdist_wheel": "bdist_wheel", "editable_wheel": "editable_wheel",
-              "dist_info": "dist_info"}[name]  # fmt: skip
+    module = {
+        "build": "build",
+        "bdist_wheel": "bdist_wheel",
+        "editable_wheel": "editable_wheel",
+        "dist_info": "dist_info",
+    }[name]
     return getattr(importlib.import_module(f"setuptools.command.{module}"), name)
 
 
@@ -95,9 +103,14 @@ def _require_torch(dist: Any) -> None:
     requires = list(dist.install_requires or ())
     try:
         settings, version = settings_of(dist), build_torch_version()
-        requirement = torch_to_add(requires, settings, wheel_pins(settings, version).torch, version,
-                                   can_add=dist.hatch_aoti_can_add_torch,
-                                   alternative='or list "dependencies" in [project] dynamic for hatch-aoti to add it')  # fmt: skip
+        requirement = torch_to_add(
+            requires,
+            settings,
+            wheel_pins(settings, version).torch,
+            version,
+            can_add=dist.hatch_aoti_can_add_torch,
+            alternative='or list "dependencies" in [project] dynamic for hatch-aoti to add it',
+        )
     except (ConfigError, BuildFailed) as exc:
         raise SetupError(f"hatch-aoti: {exc}") from None
     if requirement is not None and requirement not in requires:
@@ -105,7 +118,7 @@ def _require_torch(dist: Any) -> None:
 
 
 def _requiring_torch(base: type) -> type:
-    class command(base):  # type: ignore[misc, valid-type]
+    class command(base):  # type: ignore[misc]
         def run(self) -> None:
             _require_torch(self.distribution)
             super().run()
@@ -115,7 +128,7 @@ def _requiring_torch(base: type) -> type:
 
 
 def _build(base: type) -> type:
-    class build(base):  # type: ignore[misc, valid-type]
+    class build(base):  # type: ignore[misc]
         sub_commands = [*base.sub_commands, ("build_aoti", None)]
 
     return build
@@ -175,7 +188,7 @@ class build_aoti(Command):
         from hatch_aoti.build.artifacts import editable_files
 
         if self.editable_mode:  # setuptools puts what `install` holds into the editable wheel as is
-            target = Path(self.get_finalized_command("install").install_lib)
+            target = Path(str(self.get_finalized_command("install").install_lib))
             files = {src: target / name for src, name in editable_files(package, loader, staged.package, stage).items()}
         else:
             target = Path(self.build_lib, *package.split("."))
@@ -197,8 +210,10 @@ class build_aoti(Command):
         package = settings.package
         if package is None:
             if len(top) != 1:
-                raise BuildFailed(f"{settings.table}.package: cannot pick the package for the compiled models: the "
-                                  f"wheel has {len(top)} top-level packages ({found}); set `package = \"...\"`")
+                raise BuildFailed(
+                    f"{settings.table}.package: cannot pick the package for the compiled models: the "
+                    f'wheel has {len(top)} top-level packages ({found}); set `package = "..."`'
+                )
             package = top[0]
         elif package not in (dist.packages or ()):
             raise BuildFailed(f"{settings.table}.package: {package!r} is not a package in this wheel (found: {found})")
@@ -207,8 +222,10 @@ class build_aoti(Command):
         source = root / package_dirs[first] if first in package_dirs else root / package_dirs.get("", "") / first
         loader_file = source.joinpath(*package.split(".")[1:], f"{settings.loader}.py")
         if loader_file.exists():
-            raise BuildFailed(f"{settings.table}.loader: {loader_file.relative_to(root)} already exists in the "
-                              "project; choose another `loader` name")  # fmt: skip
+            raise BuildFailed(
+                f"{settings.table}.loader: {loader_file.relative_to(root)} already exists in the "
+                "project; choose another `loader` name"
+            )
         return package, source.parent
 
     def _info(self, message: str) -> None:

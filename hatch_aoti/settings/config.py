@@ -3,7 +3,7 @@
 Pure Python (no torch): a bad table is reported in milliseconds, every problem at once
 with its full TOML path. The tables are dataclasses whose fields carry their own
 documentation; one generic reader checks keys, types and values for all of them, and
-the README's reference tables are generated from the same fields.
+the reference tables of ``docs/configuration.md`` and the JSON schema are generated from the same fields.
 """
 
 from __future__ import annotations
@@ -23,24 +23,35 @@ from typing import Any
 #: Where each front end's users write the table.
 HATCH_TABLE = "tool.hatch.build.targets.wheel.hooks.aoti"
 SETUPTOOLS_TABLE = "tool.hatch-aoti"
-HOOK_PATH = HATCH_TABLE  # the hatch front end's table, for messages and tests
 
 #: torch dtypes by the names users write, mapped to the ``torch`` attribute.
 DTYPES: dict[str, str] = {
-    "float32": "float32", "float": "float32",
-    "float64": "float64", "double": "float64",
-    "float16": "float16", "half": "float16",
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "float16": "float16",
+    "half": "float16",
     "bfloat16": "bfloat16",
-    "complex64": "complex64", "cfloat": "complex64",
-    "complex128": "complex128", "cdouble": "complex128",
-    "int8": "int8", "uint8": "uint8",
-    "int16": "int16", "short": "int16",
-    "int32": "int32", "int": "int32",
-    "int64": "int64", "long": "int64",
-    "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "complex64": "complex64",
+    "cfloat": "complex64",
+    "complex128": "complex128",
+    "cdouble": "complex128",
+    "int8": "int8",
+    "uint8": "uint8",
+    "int16": "int16",
+    "short": "int16",
+    "int32": "int32",
+    "int": "int32",
+    "int64": "int64",
+    "long": "int64",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
     "bool": "bool",
-    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
-}  # fmt: skip
+    "float8_e4m3fn": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+}
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -103,8 +114,16 @@ class Key:
     """What a value of the wrong type is told to be instead of the type's plain name."""
 
 
-def key(doc: str, *, default: Any = None, factory: Callable[[], Any] | None = None, shown: str | None = None,
-        required: str | None = None, check: Check | None = None, expected: str | None = None) -> Any:  # fmt: skip
+def key(
+    doc: str,
+    *,
+    default: Any = None,
+    factory: Callable[[], Any] | None = None,
+    shown: str | None = None,
+    required: str | None = None,
+    check: Check | None = None,
+    expected: str | None = None,
+) -> Any:
     meta = {"key": Key(doc, shown, required, check, expected)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -233,7 +252,7 @@ def unknown_keys(table: dict[str, Any], allowed: tuple[str, ...], path: str, pro
 
 
 def reference(cls: type) -> Iterator[tuple[str, str, str]]:
-    """(key, default, meaning) rows of one table, for the README."""
+    """(key, default, meaning) rows of one table, for ``docs/configuration.md``."""
     for name, f in toml_keys(cls).items():
         meta: Key = f.metadata["key"]
         if meta.shown is not None:
@@ -376,8 +395,9 @@ class TensorSpec:
 
     shape: tuple[int | str, ...] = key(
         "sizes; a string names a dimension that may vary (see `dynamic`)",
-        required="an array of sizes and dimension names", check=_shape,
-    )  # fmt: skip
+        required="an array of sizes and dimension names",
+        check=_shape,
+    )
     dtype: str = key("a torch dtype name (see below)", default="float32", check=_dtype)
     device: str | None = key("device of this input", shown="the model's `device`", check=_device)
     low: float | None = key("lower bound of generated values (inclusive); not for `bool`", shown="`0` (integers)")
@@ -414,11 +434,12 @@ class ModelTable:
 
     factory: str = key(
         '`"module:attr"` of a callable returning an `nn.Module` with its weights loaded',
-        required='"module:attr" of a callable returning an nn.Module', check=_entry_point,
+        required='"module:attr" of a callable returning an nn.Module',
+        check=_entry_point,
         expected='a string "module:attr" (e.g. "my_pkg.models:build")',
-    )  # fmt: skip
+    )
     inputs: tuple[TensorSpec, ...] | None = key(
-        "positional example inputs: `[{ shape = [...], dtype = \"...\", device = \"...\", low = ..., high = ... }]`"
+        'positional example inputs: `[{ shape = [...], dtype = "...", device = "...", low = ..., high = ... }]`'
     )
     kwargs: dict[str, TensorSpec] = key(
         'keyword example inputs: `{ name = { shape = [...], dtype = "..." } }`', factory=dict, shown="`{}`"
@@ -426,39 +447,53 @@ class ModelTable:
     example_inputs: str | None = key(
         '`"module:attr"` of a callable returning samples (see [Example inputs from code](#example-inputs-from-code)); '
         "instead of `inputs`/`kwargs`",
-        check=_entry_point, expected='a string "module:attr" (e.g. "my_pkg.models:build")',
+        check=_entry_point,
+        expected='a string "module:attr" (e.g. "my_pkg.models:build")',
     )
     dynamic: dict[str, DimSpec | str] = key(
         "bounds of named dims: `{ batch = { min = 1, max = 512 } }`, or a dim's rule over another: "
-        '`samples = "320*frames"` (see [Derived dims](#derived-dims))', factory=dict, shown="`{}`",
+        '`samples = "320*frames"` (see [Derived dims](#derived-dims))',
+        factory=dict,
+        shown="`{}`",
     )
     device: str = key('`"cpu"`, `"cuda"` or `"cuda:N"`', default="cpu", check=_device)
     inductor_configs: dict[str, Any] = key(
         "Inductor settings over hatch-aoti's wheel defaults and the CPU target's (see [Inductor settings]"
         "(#inductor-settings)); dotted names, quoted or as nested tables",
-        factory=dict, shown="`{}`",
-    )  # fmt: skip
-    rtol: float | None = key("relative tolerance of the build-time check", shown="by output dtype",
-                             check=_at_least_zero)  # fmt: skip
-    atol: float | None = key("absolute tolerance of the build-time check", shown="by output dtype",
-                             check=_at_least_zero)  # fmt: skip
-    verify: bool = key("compare with eager at build time; `false` for models that are random by design",
-                       default=True)  # fmt: skip
+        factory=dict,
+        shown="`{}`",
+    )
+    rtol: float | None = key(
+        "relative tolerance of the build-time check", shown="by output dtype", check=_at_least_zero
+    )
+    atol: float | None = key(
+        "absolute tolerance of the build-time check", shown="by output dtype", check=_at_least_zero
+    )
+    verify: bool = key("compare with eager at build time; `false` for models that are random by design", default=True)
     cpu_target: str | None = key(
-        "`x86-64-v3`, `x86-64-v4`, `armv8-a` or `native` (see [Portable wheels](#portable-wheels))",
-        shown="the table's `cpu-target`", check=_cpu_target,
-    )  # fmt: skip
-    backend: str | None = key("how the model is compiled and loaded (see [Backends](#backends))",
-                              shown="the table's `backend`", check=_backend)  # fmt: skip
+        "`x86-64-v3`, `x86-64-v4`, `armv8-a` or `native` (see [Portable wheels](how-it-works.md#portable-wheels))",
+        shown="the table's `cpu-target`",
+        check=_cpu_target,
+    )
+    backend: str | None = key(
+        "how the model is compiled and loaded (see [Backends](backends.md))",
+        shown="the table's `backend`",
+        check=_backend,
+    )
     weights: str = key(
         "`aoti` on CPU: `mapped` keeps the weights in a file the loader maps, `embedded` in the library; "
-        "`auto`: mapped from 32 MiB of weights (see [Large models](#large-models))", default="auto", check=_weights,
-    )  # fmt: skip
+        "`auto`: mapped from 32 MiB of weights (see [Large models](performance.md#large-models))",
+        default="auto",
+        check=_weights,
+    )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
         if ok("weights", "device") and self.weights == "mapped" and self.device != "cpu":
-            problems.add(f"{path}.weights", f"`mapped` is for CPU models; a {self.device} model's weights are "
-                         "copied to the device anyway: use `embedded` or `auto`")
+            problems.add(
+                f"{path}.weights",
+                f"`mapped` is for CPU models; a {self.device} model's weights are "
+                "copied to the device anyway: use `embedded` or `auto`",
+            )
         # A key with problems of its own still counts as given.
         inputs = self.inputs is not None or not ok("inputs")
         example = self.example_inputs is not None or not ok("example_inputs")
@@ -468,7 +503,9 @@ class ModelTable:
         elif example and kwargs:
             problems.add(f"{path}.kwargs", "cannot be combined with `example-inputs`; return kwargs from it")
         elif not (inputs or example or kwargs):
-            problems.add(path, 'needs example inputs: `inputs = [{ shape = [...], dtype = "..." }]` or `example-inputs`')
+            problems.add(
+                path, 'needs example inputs: `inputs = [{ shape = [...], dtype = "..." }]` or `example-inputs`'
+            )
         rules = {name: rule for name, rule in self.dynamic.items() if isinstance(rule, str)}
         if rules:
             self._check_rules(rules, path, problems)
@@ -484,8 +521,11 @@ class ModelTable:
         for name, text in rules.items():
             where, parsed = f"{path}.dynamic.{name}", parse_rule(text)
             if parsed is None:
-                problems.add(where, f'must be a rule like "320*frames" or "2*n + 1" (a positive multiple of '
-                             f"another dim, plus or minus a size), not {text!r}")  # fmt: skip
+                problems.add(
+                    where,
+                    f'must be a rule like "320*frames" or "2*n + 1" (a positive multiple of '
+                    f"another dim, plus or minus a size), not {text!r}",
+                )
                 continue
             root, mult, offset = parsed
             bounds = self.dynamic.get(root)
@@ -493,12 +533,18 @@ class ModelTable:
             if root == name or isinstance(bounds, str):
                 problems.add(where, f"{text!r} must be over a dim with bounds of its own, not a derived one")
             elif bounds is None and root not in used:
-                problems.add(where, f"{text!r} names {root!r}, which no input shape uses; give its bounds as "
-                             f"`dynamic.{root} = {{ min = ..., max = ... }}`")
+                problems.add(
+                    where,
+                    f"{text!r} names {root!r}, which no input shape uses; give its bounds as "
+                    f"`dynamic.{root} = {{ min = ..., max = ... }}`",
+                )
             elif offset < 0 and (bounds is None or bounds.min is None or mult * bounds.min + offset < 0):
                 low = bounds.min if isinstance(bounds, DimSpec) and bounds.min is not None else 0
-                problems.add(where, f"{text!r} is {mult * low + offset} at {root} = {low}; give "
-                             f"`dynamic.{root}.min` so that every {name} is >= 0")
+                problems.add(
+                    where,
+                    f"{text!r} is {mult * low + offset} at {root} = {low}; give "
+                    f"`dynamic.{root}.min` so that every {name} is >= 0",
+                )
 
 
 @dataclass(frozen=True)
@@ -507,23 +553,32 @@ class Table:
 
     package: str | None = key(
         "package that receives the loader and `_aoti/` artifacts; required if the wheel has several",
-        shown="the wheel's only top-level package", check=_package,
-    )  # fmt: skip
-    loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled",
-                      check=_module_name)  # fmt: skip
+        shown="the wheel's only top-level package",
+        check=_package,
+    )
+    loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled", check=_module_name)
     torch_requirement: str | None = key(
         "`Requires-Dist` written for torch (setuptools; with hatchling, state torch in `[project] dependencies`); "
         "must allow the torch that builds the wheel",
-        shown="`torch==X.Y.*` of the build torch", check=_torch_requirement,
-    )  # fmt: skip
-    cpu_target: str | None = key("default [CPU target](#portable-wheels) of the models",
-                                 shown="`x86-64-v3` on x86-64", check=_cpu_target)  # fmt: skip
-    backend: str = key("default [backend](#backends) of the models: `aoti`, `precompile` or an installed one",
-                       default="aoti", check=_backend)  # fmt: skip
+        shown="`torch==X.Y.*` of the build torch",
+        check=_torch_requirement,
+    )
+    cpu_target: str | None = key(
+        "default [CPU target](how-it-works.md#portable-wheels) of the models",
+        shown="`x86-64-v3` on x86-64",
+        check=_cpu_target,
+    )
+    backend: str = key(
+        "default [backend](backends.md) of the models: `aoti`, `precompile` or an installed one",
+        default="aoti",
+        check=_backend,
+    )
     models: dict[str, ModelTable] = key(
         "one table per model; `<name>` must be a Python identifier",
-        required="declare at least one [..models.<name>] table", check=_some_models, factory=dict,
-    )  # fmt: skip
+        required="declare at least one [..models.<name>] table",
+        check=_some_models,
+        factory=dict,
+    )
 
 
 # -- specs: what the build works from ---------------------------------------------------------
@@ -584,9 +639,6 @@ class Settings:
     """The TOML path the user wrote the settings under."""
 
 
-HookSettings = Settings
-
-
 def parse_settings(
     raw: Any, table: str = HATCH_TABLE, machine: str | None = None, flags: set[str] | None = None
 ) -> Settings:
@@ -606,27 +658,41 @@ def parse_settings(
     problems.raise_if_any()
     assert parsed is not None
     return Settings(
-        models=tuple(_spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}")
-                     for name, model in parsed.models.items()),
+        models=tuple(
+            _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}")
+            for name, model in parsed.models.items()
+        ),
         package=parsed.package,
         loader=parsed.loader,
         torch_requirement=parsed.torch_requirement,
         cpu_target=parsed.cpu_target or default,
         table=table,
-    )  # fmt: skip
+    )
 
 
 def _spec(name: str, model: ModelTable, target: str, backend: str, path: str) -> ModelSpec:
     return ModelSpec(
-        name=name, factory=model.factory, inputs=model.inputs, kwargs=dict(model.kwargs),
-        example_inputs=model.example_inputs, dynamic=dict(model.dynamic), device=model.device,
-        inductor_configs=dict(model.inductor_configs), rtol=model.rtol, atol=model.atol, verify=model.verify,
-        cpu_target=target, backend=backend, weights=model.weights, path=path,
-    )  # fmt: skip
+        name=name,
+        factory=model.factory,
+        inputs=model.inputs,
+        kwargs=dict(model.kwargs),
+        example_inputs=model.example_inputs,
+        dynamic=dict(model.dynamic),
+        device=model.device,
+        inductor_configs=dict(model.inductor_configs),
+        rtol=model.rtol,
+        atol=model.atol,
+        verify=model.verify,
+        cpu_target=target,
+        backend=backend,
+        weights=model.weights,
+        path=path,
+    )
 
 
-def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[str], default: str,
-                     problems: Problems) -> dict[str, str]:  # fmt: skip
+def _target_problems(
+    raw: dict[str, Any], table: str, machine: str, flags: set[str], default: str, problems: Problems
+) -> dict[str, str]:
     """Each model's CPU target, checked against this machine and the model's own settings.
 
     Works on the raw table so that these problems are listed beside any others.
@@ -641,7 +707,7 @@ def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[s
         _check_target(table_target, f"{table}.cpu-target", machine, flags, problems)
     models = raw.get("models")
     targets: dict[str, str] = {}
-    for name, model in (models.items() if isinstance(models, dict) else ()):
+    for name, model in models.items() if isinstance(models, dict) else ():
         if not isinstance(model, dict):
             continue
         path = f"{table}.models.{name}"
@@ -652,8 +718,10 @@ def _target_problems(raw: dict[str, Any], table: str, machine: str, flags: set[s
         configs = model.get("inductor-configs")
         if target != NATIVE and isinstance(configs, dict):
             for owned in sorted(set(OWNED_CONFIGS) & set(flat_config_names(configs))):
-                problems.add(f"{path}.inductor-configs.{owned}",
-                             f"is set by cpu-target {target!r}; use `cpu-target = \"native\"` to control it yourself")
+                problems.add(
+                    f"{path}.inductor-configs.{owned}",
+                    f'is set by cpu-target {target!r}; use `cpu-target = "native"` to control it yourself',
+                )
     return targets
 
 
@@ -669,8 +737,11 @@ def _check_target(name: str, path: str, machine: str, flags: set[str], problems:
         return
     missing = [f for f in target.features if f not in flags]
     if flags and missing:
-        problems.add(path, f"{name!r} needs CPU features this build machine lacks ({', '.join(missing)}), so "
-                     "the compiled code could not be verified here; build on a machine that has them")  # fmt: skip
+        problems.add(
+            path,
+            f"{name!r} needs CPU features this build machine lacks ({', '.join(missing)}), so "
+            "the compiled code could not be verified here; build on a machine that has them",
+        )
 
 
 def flat_config_names(configs: dict[str, Any], prefix: str = "") -> Iterator[str]:

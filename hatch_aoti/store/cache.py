@@ -43,8 +43,22 @@ BYTECODE_DIR = "bytecode"
 #: Room for a few models of several GB each, or hundreds of small ones.
 DEFAULT_MAX_SIZE = 20 * 2**30
 _WRITING = "entry-"
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KB": 2**10,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MB": 2**20,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GB": 2**30,
+    "GIB": 2**30,
+    "T": 2**40,
+    "TB": 2**40,
+    "TIB": 2**40,
+}
 
 
 class NoSpace(Exception):
@@ -66,7 +80,7 @@ def out_of_space(exc: BaseException) -> bool:
     return any(text in str(exc) for text in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)))
 
 
-def human(size: int) -> str:
+def human(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
@@ -121,8 +135,9 @@ def configured(environ: dict[str, str] | None = None) -> CompileCache:
     env = os.environ if environ is None else environ
     root = env.get(ENV_DIR)
     cap = env.get(ENV_MAX_SIZE, "").strip()
-    return CompileCache(Path(root).expanduser().absolute() if root else default_root(),
-                        parse_size(cap) if cap else DEFAULT_MAX_SIZE)  # fmt: skip
+    return CompileCache(
+        Path(root).expanduser().absolute() if root else default_root(), parse_size(cap) if cap else DEFAULT_MAX_SIZE
+    )
 
 
 def untrusted(root: Path, uid: int | None = None) -> str | None:
@@ -184,7 +199,9 @@ class CompileCache:
         try:
             record = json.loads((entry_dir / "entry.json").read_text(encoding="utf-8"))
             files = record.get("files") if isinstance(record, dict) else None
-            intact = record.get("key") == key and isinstance(files, dict) and self._intact(entry_dir / "artifact", files)
+            intact = (
+                record.get("key") == key and isinstance(files, dict) and self._intact(entry_dir / "artifact", files)
+            )
         except (OSError, ValueError, AttributeError):
             intact = False
         if not intact:
@@ -257,7 +274,8 @@ class CompileCache:
 
     def clear(self) -> tuple[list[Path], list[Path]]:
         """Remove every entry no build is using: (removed, in use)."""
-        removed, in_use = [], []
+        removed: list[Path] = []
+        in_use: list[Path] = []
         for entry_dir in self.entries():
             (removed if self._remove(entry_dir) else in_use).append(entry_dir)
         return removed, in_use

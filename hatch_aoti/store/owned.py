@@ -44,7 +44,7 @@ class OwnedDir:
 
 def sweep(parent: Path, prefix: str) -> list[Path]:
     """Remove the directories under ``parent`` named ``prefix*`` whose builds are gone."""
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = [p for p in parent.iterdir() if p.name.startswith(prefix)]
     except OSError:

@@ -7,19 +7,19 @@ import gc
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
 
+from hatch_aoti.build.protocol import HelperJob, Job
 from hatch_aoti.store.cache import BYTECODE_DIR
 
 
-def setup(job: dict[str, Any]) -> None:
+def setup(job: Job | HelperJob) -> None:
     """The project's import paths, the bytecode store, torch."""
-    for entry in reversed(job["sys_path"]):
+    for entry in reversed(job.sys_path):
         sys.path.insert(0, entry)
-    if job.get("cache"):
+    if job.cache:
         from hatch_aoti.worker.bytecode import install
 
-        install(Path(job["cache"]) / BYTECODE_DIR)
+        install(Path(job.cache) / BYTECODE_DIR)
     preload_torch()
 
 

@@ -57,8 +57,12 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
 
     path = spec.path
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
-        problems.append((f"{path}.device", f"is {spec.device!r}, but torch {torch.__version__} on this "
-                         "build machine sees no CUDA device"))  # fmt: skip
+        problems.append(
+            (
+                f"{path}.device",
+                f"is {spec.device!r}, but torch {torch.__version__} on this build machine sees no CUDA device",
+            )
+        )
         return None
     configs = inductor_settings(spec.inductor_configs, f"{path}.inductor-configs", problems)
     module = _module(spec, problems)
@@ -66,8 +70,11 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
         return None
     inputs_key = "example-inputs" if spec.example_inputs else "inputs"
     signature = inspect.signature(module.forward)
-    params = [p.name for p in signature.parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    params = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     replan = _planner(spec, params, problems)
     plan = _plan(spec, replan, problems)
     if plan is None:
@@ -82,8 +89,13 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
         return None
     failure, mutated = _dry_run(module, args, kwargs)
     if failure is not None:
-        problems.append((f"{path}.{inputs_key}", f"{forward} failed on {label or 'the declared inputs'}, called "
-                         f"with {describe_call(bound.arguments)}: {failure}{_tuple_hint(bound.arguments)}"))
+        problems.append(
+            (
+                f"{path}.{inputs_key}",
+                f"{forward} failed on {label or 'the declared inputs'}, called "
+                f"with {describe_call(bound.arguments)}: {failure}{_tuple_hint(bound.arguments)}",
+            )
+        )
         return None
     return Prepared(spec, module, plan, configs, mutated, replan)
 
@@ -94,7 +106,7 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
     path = f"{spec.path}.factory"
     try:
         factory = resolve(spec.factory)
-    except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
+    except Exception as exc:
         problems.append((path, f"cannot import {spec.factory!r}: {short_exception(exc)}"))
         return None
     if not callable(factory):
@@ -102,7 +114,7 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
         return None
     try:
         module = factory()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         problems.append((path, f"calling {spec.factory!r} failed: {short_exception(exc)}"))
         return None
     if not isinstance(module, torch.nn.Module):
@@ -110,7 +122,7 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
         return None
     try:
         return module.to(spec.device).eval()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         problems.append((f"{spec.path}.device", f"moving the model to {spec.device!r} failed: {short_exception(exc)}"))
         return None
 
@@ -124,7 +136,7 @@ def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Cal
     key = f"{spec.path}.example-inputs"
     try:
         make = resolve(spec.example_inputs)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         problems.append((key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}"))
         return None
     if not callable(make):
@@ -132,7 +144,7 @@ def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Cal
         return None
     try:
         returned = make()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         problems.append((key, f"calling {spec.example_inputs!r} failed: {short_exception(exc)}"))
         return None
     try:
@@ -152,7 +164,7 @@ def _plan(spec: ModelSpec, replan: Callable[[ModelSpec], Any] | None, problems: 
         return replan(spec)
     except inputs.InputError as exc:
         problems.append((f"{spec.path}.{exc.key}", str(exc)))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         problems.append((f"{spec.path}.{'example-inputs' if spec.example_inputs else 'inputs'}", short_exception(exc)))
     return None
 
@@ -178,12 +190,13 @@ def _dry_run(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     try:
         with torch.no_grad():
             module(*call_args, **call_kwargs)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return short_exception(exc), frozenset()
     return None, frozenset(
-        pytree.keystr(path) for (path, _), value, version in zip(leaves, copies, versions)
+        pytree.keystr(path)
+        for (path, _), value, version in zip(leaves, copies, versions)
         if version is not None and value._version != version
-    )  # fmt: skip
+    )
 
 
 def describe_call(arguments: dict[str, Any]) -> str:
@@ -206,8 +219,11 @@ def _kind(value: Any) -> str:
 def _tuple_hint(arguments: dict[str, Any]) -> str:
     if not any(isinstance(v, (tuple, list)) for v in arguments.values()):
         return ""
-    return (". A sample is the tuple of forward's positional arguments: for forward(x) return (x,), not "
-            "((x,),); for keyword arguments return ((x,), {\"mask\": m}) (see README, Example inputs from code)")
+    return (
+        ". A sample is the tuple of forward's positional arguments: for forward(x) return (x,), not "
+        '((x,),); for keyword arguments return ((x,), {"mask": m}) '
+        "(see docs/configuration.md, Example inputs from code)"
+    )
 
 
 def inductor_settings(configs: dict[str, Any], path: str, problems: list[Problem]) -> dict[str, Any] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import importlib
 import importlib.util
 import sys
@@ -20,18 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.build import protocol
 from hatch_aoti.build.children import Parent
+from hatch_aoti.build.protocol import HelperJob, Job, Task
 from hatch_aoti.settings.config import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
 from hatch_aoti.worker.bootstrap import setup
 from hatch_aoti.worker.checks import Prepared, check_model
-from hatch_aoti.worker.helpers import Helpers, Outcome, Task, shares
+from hatch_aoti.worker.helpers import Helpers, Outcome, shares
 
 
 class ModelFailure(Exception):
     def __init__(self, stage: str, message: str) -> None:
         self.stage = stage
         super().__init__(message)
+
 
 class Miss:
     """A model that was exported and keyed but is not in the cache."""
@@ -45,15 +47,15 @@ class Miss:
 
 
 class Coordinator:
-    def __init__(self, job: dict[str, Any], parent: Parent) -> None:
+    def __init__(self, job: Job, parent: Parent) -> None:
         from hatch_aoti.build.artifacts import ARTIFACT_DIR
         from hatch_aoti.store.cache import CompileCache
 
         self.job, self.emit = job, parent.emit
-        self.stage = Path(job["stage"])
+        self.stage = Path(job.stage)
         self.package = self.stage / "package"
         self.artifacts = self.package / ARTIFACT_DIR
-        self.cache = CompileCache(Path(job["cache"]), job["cache_max_size"]) if job.get("cache") else None
+        self.cache = CompileCache(Path(job.cache), job.cache_max_size) if job.cache else None
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.factories: dict[str, str] = {}
@@ -63,18 +65,18 @@ class Coordinator:
         problems: list[tuple[str, str]] = []
         prepared = []
         for spec in specs:
-            self.emit("stage", model=spec.name, stage="check")
+            self.emit(protocol.Stage(spec.name, "check"))
             model = check_model(spec, problems)
             if model is not None:
                 prepared.append(model)
         if problems:
-            self.emit("problems", problems=problems)
+            self.emit(protocol.Problems(problems))
             return
         misses = [m for m in map(self.export_and_look_up, prepared) if m is not None]
         self.compile(misses)
         if not self.failed:
             self.write_manifest({s.name: self.entries[s.name] for s in specs})
-        self.emit("done", torch=_torch_version(), built=list(self.entries), failed=list(self.failed))
+        self.emit(protocol.Done(_torch_version(), list(self.entries), list(self.failed)))
 
     # -- export, key, cache ---------------------------------------------------------------
 
@@ -85,7 +87,7 @@ class Coordinator:
         from hatch_aoti.worker.inputs import call_spec, describe_call, describe_outputs
 
         spec, start = model.spec, time.perf_counter()
-        self.emit("stage", model=spec.name, stage="export")
+        self.emit(protocol.Stage(spec.name, "export"))
         try:
             exported = self.export(model)
         except ModelFailure as exc:
@@ -109,8 +111,8 @@ class Coordinator:
             return None
         if record is not None:
             self.entries[spec.name] = record["entry"]
-            self.emit("cached", model=spec.name, seconds=time.perf_counter() - start,
-                      check=_summary(record["entry"]["verification"], record.get("errors")))  # fmt: skip
+            check = _summary(record["entry"]["verification"], record.get("errors"))
+            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check))
             return None
         try:
             call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
@@ -139,7 +141,7 @@ class Coordinator:
             args, kwargs = model.plan.export_sample
             try:
                 return torch.export.export(model.module, args, kwargs, dynamic_shapes=model.plan.dynamic_shapes)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 failure = ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}")
                 if attempt == 2 or not self.apply_suggested_rules(model, str(exc)):
                     raise failure from None
@@ -159,10 +161,14 @@ class Coordinator:
             return False  # the precompile backend takes bounds only: torch's own message stands
         try:
             model.plan, model.spec = model.replan(spec), spec
-        except Exception:  # noqa: BLE001 - the rules do not fit the samples: torch's own message stands
+        except Exception:
             return False
-        self.emit("info", message=f"{spec.name}: dims are related, as torch.export found: {describe_rules(rules)}; "
-                  f"exported again with them (write them in `{spec.path}.dynamic` to skip the retry)")  # fmt: skip
+        self.emit(
+            protocol.Info(
+                f"{spec.name}: dims are related, as torch.export found: {describe_rules(rules)}; "
+                f"exported again with them (write them in `{spec.path}.dynamic` to skip the retry)"
+            )
+        )
         return True
 
     def look_up(self, name: str, key: str) -> dict[str, Any] | None:
@@ -171,7 +177,7 @@ class Coordinator:
         try:
             return self.cache.lookup(key, self.artifacts / name)
         except OSError as exc:  # an unreadable cache is a miss, not a failed build
-            self.emit("warning", message=f"{name}: could not read the compile cache ({exc})")
+            self.emit(protocol.Notice(f"{name}: could not read the compile cache ({exc})"))
             return None
 
     # -- compile, verify, store -----------------------------------------------------------
@@ -179,7 +185,7 @@ class Coordinator:
     def compile(self, misses: list[Miss]) -> None:
         """One share here, the others in compile helpers; models whose backend needs the eager module stay here."""
         by_name = {m.name: m for m in misses}
-        here, *away = shares([m.name for m in misses if m.backend.in_helpers], self.job["jobs"])
+        here, *away = shares([m.name for m in misses if m.backend.in_helpers], self.job.jobs)
         here += [m.name for m in misses if not m.backend.in_helpers]
         tasks: list[list[Task]] = []
         for group in away:
@@ -188,8 +194,8 @@ class Coordinator:
             if saved:
                 tasks.append(saved)
         if tasks:
-            self.emit("info", message=f"{len(misses)} models to compile: {len(tasks) + 1} processes in parallel")
-        helpers = Helpers(self.stage, {k: self.job[k] for k in ("sys_path", "cache", "cwd")})
+            self.emit(protocol.Info(f"{len(misses)} models to compile: {len(tasks) + 1} processes in parallel"))
+        helpers = Helpers(self.stage, HelperJob([], "", self.job.sys_path, self.job.cwd, self.job.cache))
         try:
             helpers.start(tasks)
             for name in here:
@@ -207,27 +213,42 @@ class Coordinator:
         program.parent.mkdir(parents=True, exist_ok=True)
         try:
             torch.export.save(miss.exported, program)
-        except Exception:  # noqa: BLE001 - not serialisable: compiled here instead
+        except Exception:
             return None
         modules = [miss.model.spec.factory.partition(":")[0]]
-        return Task(miss.name, miss.model.spec.backend, str(program), str(self.artifacts / miss.name),
-                    miss.entry["inductor_configs"], modules)  # fmt: skip
+        return Task(
+            miss.name,
+            miss.model.spec.backend,
+            str(program),
+            str(self.artifacts / miss.name),
+            miss.entry["inductor_configs"],
+            modules,
+        )
 
     def compile_here(self, miss: Miss) -> Outcome:
         from hatch_aoti.backends import Request
 
-        self.emit("stage", model=miss.name, stage="compile")
+        self.emit(protocol.Stage(miss.name, "compile"))
         start = time.perf_counter()
         work = self.stage / "work"
         work.mkdir(exist_ok=True)
         if not miss.backend.in_helpers:
             self.import_loader_as_installed()
-        request = Request(miss.name, miss.exported, miss.entry["inductor_configs"], self.artifacts / miss.name, work,
-                          module=miss.model.module, plan=miss.model.plan, loader=self.loader_name,
-                          factory=miss.model.spec.factory, spec=miss.model.spec)  # fmt: skip
+        request = Request(
+            miss.name,
+            miss.exported,
+            miss.entry["inductor_configs"],
+            self.artifacts / miss.name,
+            work,
+            module=miss.model.module,
+            plan=miss.model.plan,
+            loader=self.loader_name,
+            factory=miss.model.spec.factory,
+            spec=miss.model.spec,
+        )
         try:
             files = miss.backend.compile(request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if out_of_space(exc):  # the library, and the weights twice (Inductor's package, then unpacked)
                 return Outcome(miss.name, error=str(NoSpace(self.stage, 2 * weights_size(miss.exported))))
             return Outcome(miss.name, error=f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}")
@@ -236,7 +257,7 @@ class Coordinator:
     @property
     def loader_name(self) -> str:
         """What the generated loader is called where the wheel is installed."""
-        return f"{self.job['package']}.{self.job['loader']}"
+        return f"{self.job.package}.{self.job.loader}"
 
     def import_loader_as_installed(self) -> None:
         """The staged loader, imported under its installed name: artifacts that refer to its code
@@ -244,7 +265,7 @@ class Coordinator:
         if self.loader_name in sys.modules:
             return
         self.write_manifest(self.entries)
-        path = self.package / f"{self.job['loader']}.py"
+        path = self.package / f"{self.job.loader}.py"
         spec = importlib.util.spec_from_file_location(self.loader_name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -256,9 +277,9 @@ class Coordinator:
         if outcome.error is not None:
             self.fail(miss.name, "compile", outcome.error)
             return
-        entry = {**outcome.files, **miss.entry}
+        entry = {**(outcome.files or {}), **miss.entry}
         entry["files"] = shipped_files(self.artifacts / miss.name, entry)
-        self.emit("stage", model=miss.name, stage="verify")
+        self.emit(protocol.Stage(miss.name, "verify"))
         start = time.perf_counter()
         try:
             entry["verification"], errors = self.verify(miss, entry)
@@ -266,17 +287,17 @@ class Coordinator:
             self.fail(miss.name, "verify", str(exc))
             return
         self.entries[miss.name] = entry
-        self.emit("compiled", model=miss.name, seconds=outcome.seconds + time.perf_counter() - start,
-                  check=_summary(entry["verification"], errors))  # fmt: skip
+        seconds = outcome.seconds + time.perf_counter() - start
+        self.emit(protocol.Built(miss.name, seconds, _summary(entry["verification"], errors)))
         if self.cache is not None:
-            self.emit("stage", model=miss.name, stage="store")
+            self.emit(protocol.Stage(miss.name, "store"))
             try:
                 self.cache.store(miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
             except NoSpace as exc:
                 del self.entries[miss.name]
                 self.fail(miss.name, "cache", str(exc))
             except OSError as exc:  # a read-only cache must not fail the build
-                self.emit("warning", message=f"{miss.name}: could not write the compile cache ({exc})")
+                self.emit(protocol.Notice(f"{miss.name}: could not write the compile cache ({exc})"))
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
         from hatch_aoti.worker.verify import VerificationFailed, verify_model
@@ -294,7 +315,7 @@ class Coordinator:
             report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - anything else is this model's failure, not the build's
+        except Exception as exc:
             raise ModelFailure("verify", f"{type(exc).__name__}: {exc}") from None
         generated = {label for label, _ in plan.verify_samples} if plan.seed is not None else set()
         for tried in report["tried"]:  # what `hatch-aoti verify` can remake exactly
@@ -304,7 +325,7 @@ class Coordinator:
 
     def fail(self, name: str, stage: str, message: str) -> None:
         self.failed[name] = stage
-        self.emit("failed", model=name, stage=stage, message=message)
+        self.emit(protocol.Failed(name, stage, message))
 
     # -- the staged package ---------------------------------------------------------------
 
@@ -315,11 +336,13 @@ class Coordinator:
         from hatch_aoti.build.artifacts import write_loader, write_runtime
 
         manifest = {
-            "hatch_aoti": __version__, "torch": _torch_version(), "package": self.job["package"],
-            "loader": self.job["loader"],
+            "hatch_aoti": __version__,
+            "torch": _torch_version(),
+            "package": self.job.package,
+            "loader": self.job.loader,
             "models": {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()},
-        }  # fmt: skip
-        write_loader(self.package, self.job["loader"], manifest)
+        }
+        write_loader(self.package, self.job.loader, manifest)
         for name in sorted({entry["backend"] for entry in models.values()}):
             runtime = backends.get(name).runtime
             if runtime is not None:
@@ -328,7 +351,7 @@ class Coordinator:
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
         """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
         self.write_manifest(models)
-        path = self.package / f"{self.job['loader']}.py"
+        path = self.package / f"{self.job.loader}.py"
         spec = importlib.util.spec_from_file_location(f"_hatch_aoti_staged_{len(self.entries)}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -343,8 +366,10 @@ def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, An
     out = []
     for region in regions:
         for label, pick in (("start", 0), ("end", 1))[: 1 if _single(region["dims"]) else 2]:
-            sizes = {name: bounds[pick] if bounds[pick] is not None else 2 * bounds[0] + 1
-                     for name, bounds in region["dims"].items()}  # fmt: skip
+            sizes = {
+                name: bounds[pick] if bounds[pick] is not None else 2 * bounds[0] + 1
+                for name, bounds in region["dims"].items()
+            }
             text = ", ".join(f"{name}={size}" for name, size in sizes.items())
             out.append((f"region {region['file']} {label} ({text})", resized(plan, sizes)))
     return out
@@ -430,8 +455,12 @@ def weights_size(exported: Any) -> int:
 
 def describe_rules(rules: dict[str, Any]) -> str:
     """``samples = 320*_samples, _samples in [10, 20]``."""
-    return ", ".join(f"{name} = {value}" if isinstance(value, str) else f"{name} in [{value.min or 0}, "
-                     f"{value.max if value.max is not None else 'inf'}]" for name, value in rules.items())  # fmt: skip
+    return ", ".join(
+        f"{name} = {value}"
+        if isinstance(value, str)
+        else f"{name} in [{value.min or 0}, {value.max if value.max is not None else 'inf'}]"
+        for name, value in rules.items()
+    )
 
 
 def _torch_version() -> str:
@@ -447,13 +476,13 @@ def _summary(report: dict[str, Any] | None, errors: dict[str, float] | None) -> 
     return f"{text}, max abs err {errors['max_abs_err']:.2g}" if errors else text
 
 
-def run(job: dict[str, Any], parent: Parent) -> int:
+def run(job: Job, parent: Parent) -> int:
     setup(job)
-    Coordinator(job, parent).run([ModelSpec.from_json(m) for m in job["models"]])
+    Coordinator(job, parent).run(job.models)
     return 0
 
 
 if __name__ == "__main__":
     from hatch_aoti.build.children import child_main
 
-    child_main(run)
+    child_main(run, Job)

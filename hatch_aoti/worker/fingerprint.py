@@ -81,7 +81,7 @@ def compiler_identity() -> str:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         compiler = get_cpp_compiler()
-    except Exception as exc:  # noqa: BLE001 - an unknown compiler still gets a key
+    except Exception as exc:
         return f"unknown ({type(exc).__name__})"
     path = shutil.which(compiler) or compiler
     try:
@@ -136,8 +136,9 @@ def cuda_capability(device: str) -> list[int] | None:
     return list(torch.cuda.get_device_capability(torch.device(device)))
 
 
-def cache_key(exported: Any, spec: Any, plan: Any, inductor_configs: dict[str, Any],
-              backend_key: dict[str, Any] | None = None) -> str:  # fmt: skip
+def cache_key(
+    exported: Any, spec: Any, plan: Any, inductor_configs: dict[str, Any], backend_key: dict[str, Any] | None = None
+) -> str:
     """The key of one model: ``spec`` is its ModelSpec, ``plan`` its InputPlan, ``backend_key`` what its
     backend adds (:meth:`hatch_aoti.backends.Backend.key`)."""
     parts = {

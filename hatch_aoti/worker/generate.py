@@ -16,8 +16,14 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def tensor(shape: Sequence[int], dtype: str, device: str, gen: torch.Generator,
-           low: float | None = None, high: float | None = None) -> torch.Tensor:  # fmt: skip
+def tensor(
+    shape: Sequence[int],
+    dtype: str,
+    device: str,
+    gen: torch.Generator,
+    low: float | None = None,
+    high: float | None = None,
+) -> torch.Tensor:
     """Random values of ``dtype``: normals for floats (uniform in ``[low, high)`` where given), integers
     in ``[low, high)`` (default ``[0, 100)``, which index and embedding inputs of 100+ entries take),
     true/false for bools."""

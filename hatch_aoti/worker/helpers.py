@@ -12,25 +12,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.build import protocol
 from hatch_aoti.build.children import Child, Parent, watch
-
-
-@dataclass
-class Task:
-    """One model for a helper to compile."""
-
-    model: str
-    backend: str
-    program: str
-    """A saved ExportedProgram (``torch.export.save``)."""
-    out: str
-    """Directory that receives the unpacked artifact."""
-    configs: dict[str, Any]
-    modules: list[str]
+from hatch_aoti.build.protocol import HelperJob, Task
 
 
 @dataclass
@@ -52,24 +40,28 @@ def shares(names: list[str], jobs: int) -> list[list[str]]:
 class Helpers:
     """The helpers of one build, from their start to the last outcome."""
 
-    def __init__(self, stage: Path, job: dict[str, Any], argv: list[str] | None = None) -> None:
+    def __init__(self, stage: Path, job: HelperJob, argv: list[str] | None = None) -> None:
+        """``job`` has what every helper shares (its tasks and scratch directory are each helper's own)."""
         self._stage, self._job = stage, job
         self._argv = argv or [sys.executable, "-m", "hatch_aoti.worker.helpers"]
         self._children: dict[int, tuple[Child, list[str]]] = {}
 
     def start(self, groups: list[list[Task]]) -> None:
-        import json
         import os
 
         for group in groups:
             index = len(self._children) + 1
             home = self._stage / f"helper-{index}"
             home.mkdir(parents=True)
-            job = {**self._job, "tasks": [asdict(t) for t in group], "work": str(home)}
-            (home / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            protocol.write_job(replace(self._job, tasks=group, work=str(home)), home / "job.json")
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor")}
-            child = Child.start(f"compile helper {index}", [*self._argv, str(home / "job.json")],
-                                cwd=self._job.get("cwd", "."), log=home / "helper.log", env=env)  # fmt: skip
+            child = Child.start(
+                f"compile helper {index}",
+                [*self._argv, str(home / "job.json")],
+                cwd=self._job.cwd,
+                log=home / "helper.log",
+                env=env,
+            )
             self._children[child.events] = (child, [t.model for t in group])
 
     def outcomes(self) -> Iterator[Outcome]:
@@ -80,14 +72,18 @@ class Helpers:
                 if event is None:
                     left = pending.pop(child.events, [])
                     if left:
-                        why = (f"the {child.name} compiling {', '.join(left)} {child.how_it_ended()}; "
-                               f"last lines of its log:\n{child.log_tail()}")  # fmt: skip
+                        why = (
+                            f"the {child.name} compiling {', '.join(left)} {child.how_it_ended()}; "
+                            f"last lines of its log:\n{child.log_tail()}"
+                        )
                         yield from (Outcome(model, error=why) for model in left)
                     continue
-                kind = event.pop("event")
-                if kind in ("compiled", "failed"):
-                    pending[child.events].remove(event["model"])
-                    yield Outcome(**event)
+                if isinstance(event, protocol.Compiled):
+                    pending[child.events].remove(event.model)
+                    yield Outcome(event.model, files=event.files, seconds=event.seconds)
+                elif isinstance(event, protocol.Failed):
+                    pending[child.events].remove(event.model)
+                    yield Outcome(event.model, error=event.message)
         finally:
             self.end()
 
@@ -96,7 +92,7 @@ class Helpers:
             child.end()
 
 
-def run(job: dict[str, Any], parent: Parent) -> int:
+def run(job: HelperJob, parent: Parent) -> int:
     """The helper process: compile each task's program and report it."""
     from hatch_aoti.worker.bootstrap import setup
 
@@ -107,20 +103,20 @@ def run(job: dict[str, Any], parent: Parent) -> int:
 
     from hatch_aoti import backends
 
-    for raw in job["tasks"]:
-        task = Task(**raw)
+    for task in job.tasks:
         start = time.perf_counter()
         try:
             backend = backends.get(task.backend)
             for module in task.modules:
                 importlib.import_module(module)
             exported = torch.export.load(task.program)
-            files = backend.compile(backends.Request(task.model, exported, task.configs, Path(task.out),
-                                                     Path(job["work"])))  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - reported against the model
-            parent.emit("failed", model=task.model, error=_why(task, exc, Path(job["work"])))
+            files = backend.compile(
+                backends.Request(task.model, exported, task.configs, Path(task.out), Path(job.work))
+            )
+        except Exception as exc:
+            parent.emit(protocol.Failed(task.model, "compile", _why(task, exc, Path(job.work))))
             continue
-        parent.emit("compiled", model=task.model, files=files, seconds=time.perf_counter() - start)
+        parent.emit(protocol.Compiled(task.model, time.perf_counter() - start, files))
     return 0
 
 
@@ -135,4 +131,4 @@ def _why(task: Task, exc: Exception, work: Path) -> str:
 if __name__ == "__main__":
     from hatch_aoti.build.children import child_main
 
-    child_main(run)
+    child_main(run, HelperJob)

@@ -81,8 +81,11 @@ Rules = dict[str, tuple[str, int, int]]
 
 def _rules(model: ModelSpec) -> Rules:
     """The model's derived dims, ``samples = "320*frames"``, as (root, multiple, offset); config checked them."""
-    return {name: parsed for name, rule in model.dynamic.items()
-            if isinstance(rule, str) and (parsed := parse_rule(rule)) is not None}  # fmt: skip
+    return {
+        name: parsed
+        for name, rule in model.dynamic.items()
+        if isinstance(rule, str) and (parsed := parse_rule(rule)) is not None
+    }
 
 
 def _declared_dims(model: ModelSpec, rules: Rules) -> dict[str, DimSpec]:
@@ -205,7 +208,7 @@ def normalise_samples(value: Any) -> list[Sample]:
         raise InputError(
             "example-inputs",
             "must return a sample or a list of samples; a sample is a tensor, a tuple of forward's "
-            f"positional arguments such as (x, mask), or a pair ((x,), {{\"mask\": m}}); got {type(item).__name__}",
+            f'positional arguments such as (x, mask), or a pair ((x,), {{"mask": m}}); got {type(item).__name__}',
         )
 
     if isinstance(value, list):
@@ -216,7 +219,7 @@ def normalise_samples(value: Any) -> list[Sample]:
 
 
 def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list[str]) -> InputPlan:
-    """Infer dynamic dims from several samples (see README, "Dynamic dims from samples").
+    """Infer dynamic dims from several samples (see docs/configuration.md, "Dynamic dims").
 
     An axis whose size differs between samples is dynamic. Axes whose sizes move in
     lockstep across all samples are the same dim (a shared batch or sequence length).
@@ -224,15 +227,17 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     """
     specs = [pytree.tree_flatten(s) for s in samples]
     first_leaves, first_spec = specs[0]
-    for i, (leaves, spec) in enumerate(specs[1:], start=1):
+    for i, (_, spec) in enumerate(specs[1:], start=1):
         if spec != first_spec:
             raise InputError("example-inputs", f"sample {i} has a different structure from sample 0")
     tensors = [i for i, leaf in enumerate(first_leaves) if isinstance(leaf, torch.Tensor)]
     for i, (leaves, _) in enumerate(specs[1:], start=1):
         for t in tensors:
             if leaves[t].dim() != first_leaves[t].dim():
-                raise InputError("example-inputs", f"sample {i}: input {t} has rank {leaves[t].dim()}, "
-                                 f"sample 0 has {first_leaves[t].dim()}")
+                raise InputError(
+                    "example-inputs",
+                    f"sample {i}: input {t} has rank {leaves[t].dim()}, sample 0 has {first_leaves[t].dim()}",
+                )
 
     # Group varying axes by their size sequence across samples.
     groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
@@ -253,8 +258,11 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     inferred = set(names.values())
     for name in rules:
         if name not in inferred:
-            raise InputError(f"dynamic.{name}", f"no inferred dim is called {name!r}; inferred: "
-                             f"{', '.join(sorted(inferred)) or 'none (no size differs between samples)'}")
+            raise InputError(
+                f"dynamic.{name}",
+                f"no inferred dim is called {name!r}; inferred: "
+                f"{', '.join(sorted(inferred)) or 'none (no size differs between samples)'}",
+            )
     for root, _, _ in rules.values():
         if root not in dims:  # a new dim, not one of the inferred
             bounds = _bounds_of(model, root)
@@ -262,19 +270,22 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     roots, dims = dims, _derived_ranges(dims, rules)
     for name in model.dynamic:
         if name not in dims:
-            raise InputError(f"dynamic.{name}", f"no inferred dim is called {name!r}; inferred: "
-                             f"{', '.join(dims) or 'none (no size differs between samples)'}")
+            raise InputError(
+                f"dynamic.{name}",
+                f"no inferred dim is called {name!r}; inferred: "
+                f"{', '.join(dims) or 'none (no size differs between samples)'}",
+            )
 
     # Export from the sample whose dynamic sizes are all >= 2 (size 1 would be specialised).
-    order = sorted(range(len(samples)), key=lambda i: min(
-        [int(specs[i][0][t].shape[a]) for (t, a) in names] or [2]) < 2)
+    order = sorted(
+        range(len(samples)), key=lambda i: min([int(specs[i][0][t].shape[a]) for (t, a) in names] or [2]) < 2
+    )
     export_index = order[0]
     dynamic_shapes = None
     if dims:
         made = torch_dims(roots, rules)
         per_leaf = [
-            {a: made[names[(t, a)]] for (tt, a) in names if tt == t} or None
-            if isinstance(leaf, torch.Tensor) else None
+            {a: made[names[(t, a)]] for (tt, a) in names if tt == t} or None if isinstance(leaf, torch.Tensor) else None
             for t, leaf in enumerate(first_leaves)
         ]
         args_shapes, kwargs_shapes = pytree.tree_unflatten(per_leaf, first_spec)
@@ -288,13 +299,16 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
         base = samples[export_index]
         for label, pick in (("min", 0), ("max", 1)):
             target = {n: b[pick] for n, b in dims.items() if b[pick] is not None}
-            seen = all(any(int(specs[i][0][t].shape[a]) == target.get(names[(t, a)]) for i in range(len(samples)))
-                       for (t, a) in names)
+            seen = all(
+                any(int(specs[i][0][t].shape[a]) == target.get(names[(t, a)]) for i in range(len(samples)))
+                for (t, a) in names
+            )
             if not seen:
                 verify.append((label, _resize(base, names, target)))
     leaves_desc = [
         {"shape": [names.get((t, a), int(s)) for a, s in enumerate(leaf.shape)], "dtype": str(leaf.dtype)[6:]}
-        if isinstance(leaf, torch.Tensor) else repr(leaf)
+        if isinstance(leaf, torch.Tensor)
+        else repr(leaf)
         for t, leaf in enumerate(first_leaves)
     ]
     return InputPlan(
@@ -358,11 +372,17 @@ def _contiguous(sample: Sample) -> Sample:
 def _widen(name: str, declared: DimSpec, low: int, high: int) -> tuple[int, int]:
     """Bounds covering the sizes seen, widened by ``dynamic``; narrowing them would refuse a sample."""
     if declared.min is not None and declared.min > low:
-        raise InputError(f"dynamic.{name}.min", f"is {declared.min}, above the smallest size of {name!r} in the "
-                         f"samples ({low}); `dynamic` can only widen the range the samples show")
+        raise InputError(
+            f"dynamic.{name}.min",
+            f"is {declared.min}, above the smallest size of {name!r} in the "
+            f"samples ({low}); `dynamic` can only widen the range the samples show",
+        )
     if declared.max is not None and declared.max < high:
-        raise InputError(f"dynamic.{name}.max", f"is {declared.max}, below the largest size of {name!r} in the "
-                         f"samples ({high}); `dynamic` can only widen the range the samples show")
+        raise InputError(
+            f"dynamic.{name}.max",
+            f"is {declared.max}, below the largest size of {name!r} in the "
+            f"samples ({high}); `dynamic` can only widen the range the samples show",
+        )
     return (low if declared.min is None else declared.min, high if declared.max is None else declared.max)
 
 
@@ -400,8 +420,12 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
     nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(
-        pytree.tree_unflatten([0] * exported.call_spec.in_spec.num_leaves, exported.call_spec.in_spec))[0]]
+    paths = [
+        pytree.keystr(p)
+        for p, _ in pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([0] * exported.call_spec.in_spec.num_leaves, exported.call_spec.in_spec)
+        )[0]
+    ]
     user = [s.arg for s in exported.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     tensors = [nodes[arg.name].meta["val"] for arg in user if isinstance(arg, TensorArgument)]
     names = symbol_names(tensors, plan)
@@ -418,8 +442,10 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
         position = len([leaf for leaf in out if "const" not in leaf])
         axis_names = plan.axis_names[position] if position < len(plan.axis_names) else {}
         fake = nodes[arg.name].meta["val"]
-        shape = [size if isinstance(size, int) else _dynamic_axis(exported, size.node.expr, names, axis_names.get(axis))
-                 for axis, size in enumerate(fake.shape)]  # fmt: skip
+        shape = [
+            size if isinstance(size, int) else _dynamic_axis(exported, size.node.expr, names, axis_names.get(axis))
+            for axis, size in enumerate(fake.shape)
+        ]
         leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
         low, high = plan.values[position] if position < len(plan.values) else (None, None)
         leaf.update({k: v for k, v in (("low", low), ("high", high)) if v is not None})
@@ -463,8 +489,12 @@ def _dynamic_axis(exported: Any, expr: Any, names: dict[Any, str], axis_name: st
     root = names.get(symbol, str(symbol))
     rule = {"root": root, "mult": int(mult), "offset": int(offset)}
     name = axis_name or f"{int(mult)}*{root}" + (f"{int(offset):+d}" if offset else "")
-    return {"name": name, "min": int(mult) * low + int(offset),
-            "max": None if high is None else int(mult) * high + int(offset), **rule}  # fmt: skip
+    return {
+        "name": name,
+        "min": int(mult) * low + int(offset),
+        "max": None if high is None else int(mult) * high + int(offset),
+        **rule,
+    }
 
 
 def _bounds(exported: Any, symbol: Any) -> tuple[int, int | None]:

@@ -83,7 +83,8 @@ def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float 
     result.max_rel = max(result.max_rel, max_rel)
     if not torch.allclose(cd, ed, rtol=r, atol=a, equal_nan=True):
         result.problems.append(
-            f"{where}: values differ beyond rtol={r:g}, atol={a:g} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
+            f"{where}: values differ beyond rtol={r:g}, atol={a:g} "
+            f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
         )
 
 
@@ -91,8 +92,9 @@ class VerificationFailed(Exception):
     """The compiled model failed on an input set or differs from eager; the message says how."""
 
 
-def verify_model(module: Any, samples: list[tuple[str, Any]], compiled: Callable[..., Any], rtol: float | None,
-                 atol: float | None) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+def verify_model(
+    module: Any, samples: list[tuple[str, Any]], compiled: Callable[..., Any], rtol: float | None, atol: float | None
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Run eager and compiled on every (label, sample) pair: (report to ship, largest errors).
 
     Each run gets its own copy of the inputs, and the inputs are compared after the calls
@@ -109,11 +111,14 @@ def verify_model(module: Any, samples: list[tuple[str, Any]], compiled: Callable
         mutated = compare(label, (e_args, e_kwargs), (c_args, c_kwargs), rtol, atol, what="input")
         problems = result.problems + [f"after the call, {p}" for p in mutated.problems]
         if problems:
-            raise VerificationFailed(f"compiled model differs from eager on {label} inputs {shapes}: "
-                                     + "; ".join(problems))  # fmt: skip
+            raise VerificationFailed(
+                f"compiled model differs from eager on {label} inputs {shapes}: " + "; ".join(problems)
+            )
         tried.append({"inputs": label, "shapes": shapes})
-        worst = {"max_abs_err": max(worst["max_abs_err"], result.max_abs, mutated.max_abs),
-                 "max_rel_err": max(worst["max_rel_err"], result.max_rel, mutated.max_rel)}  # fmt: skip
+        worst = {
+            "max_abs_err": max(worst["max_abs_err"], result.max_abs, mutated.max_abs),
+            "max_rel_err": max(worst["max_rel_err"], result.max_rel, mutated.max_rel),
+        }
     return {"passed": True, "rtol": rtol, "atol": atol, "tried": tried}, worst
 
 
@@ -125,6 +130,6 @@ def copied(sample: Any) -> Any:
 def _call(fn: Callable[..., Any], args: Any, kwargs: Any, what: str) -> Any:
     try:
         return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the model's own error is the message
+    except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise VerificationFailed(f"{what}: {type(exc).__name__}: {first}") from None
