@@ -56,12 +56,12 @@ def cold_start(name: str, pairs: int, pt2: str) -> None:
 
 def per_call(name: str, pt2: str, repeat: int, number: int) -> None:
     import logging
-    import timeit
     import warnings
 
     import torch
     import torch._inductor
     from sample_models import compiled, models
+    from torch.utils import benchmark
 
     x = eval(INPUTS[name], {"torch": torch})
     ours = compiled.load(name)
@@ -82,10 +82,12 @@ def per_call(name: str, pt2: str, repeat: int, number: int) -> None:
         "eager": lambda: eager(x),
     }
     best = dict.fromkeys(variants, float("inf"))
+    threads = torch.get_num_threads()
+    timers = {label: benchmark.Timer("fn()", globals={"fn": fn}, num_threads=threads) for label, fn in variants.items()}
     with torch.inference_mode():
         for _ in range(repeat):
-            for label, fn in variants.items():
-                best[label] = min(best[label], min(timeit.repeat(fn, number=number, repeat=1)) / number)
+            for label, timer in timers.items():
+                best[label] = min(best[label], timer.timeit(number).mean)
     us = {k: v * 1e6 for k, v in best.items()}
     print(f"  per call, min of {repeat} x {number} calls: " + ", ".join(f"{k} {v:.1f}us" for k, v in us.items()))
     print(f"    compiled.load / raw runner        = {us['compiled.load'] / us['raw runner']:.3f}  (goal <= 1.10)")

@@ -20,23 +20,30 @@ import json
 import os
 import threading
 import warnings
+from collections.abc import Callable
+from typing import IO, Any, BinaryIO
+
+Entry = dict[str, Any]
+"""A model's manifest entry."""
+Leaf = dict[str, Any]
+"""What one flattened input must be (the entry's ``call``)."""
 
 __all__ = ["info", "load", "names", "save_pt2"]
 
 _HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_aoti")
 with open(os.path.join(_HERE, "manifest.json"), encoding="utf-8") as _f:
     _MANIFEST = json.load(_f)
-_MODELS = _MANIFEST["models"]
+_MODELS: dict[str, Entry] = _MANIFEST["models"]
 _LOCK = threading.Lock()
-_LOADED = {}
+_LOADED: dict[str, Callable[..., Any]] = {}
 
 
-def names():
+def names() -> tuple[str, ...]:
     """Names of the compiled models, in declaration order."""
     return tuple(_MODELS)
 
 
-def _entry(name):
+def _entry(name: str) -> Entry:
     try:
         return _MODELS[name]
     except (KeyError, TypeError):
@@ -44,16 +51,16 @@ def _entry(name):
         raise KeyError(f"no compiled model {name!r} in {__name__}; known models: {known}") from None
 
 
-def info(name):
+def info(name: str) -> dict[str, Any]:
     """Build metadata of one model (a fresh dict; changing it changes nothing)."""
-    entry = json.loads(json.dumps(_entry(name)))
+    entry: dict[str, Any] = json.loads(json.dumps(_entry(name)))
     entry["file"] = os.path.join(_HERE, name, entry["file"])
     entry["torch"] = _MANIFEST["torch"]
     entry["hatch_aoti"] = _MANIFEST["hatch_aoti"]
     return entry
 
 
-def load(name):
+def load(name: str) -> Callable[..., Any]:
     """The compiled model ``name``, loaded on first use and shared afterwards."""
     model = _LOADED.get(name)
     if model is not None:
@@ -67,7 +74,7 @@ def load(name):
     return model
 
 
-def save_pt2(name, path):
+def save_pt2(name: str, path: str) -> str:
     """Write model ``name`` as a standard ``.pt2`` package (``aoti_load_package``, C++).
 
     A model with mapped weights keeps them beside its library there too: load that package
@@ -85,7 +92,7 @@ def save_pt2(name, path):
     return path
 
 
-def _write_pt2(name, entry, f):
+def _write_pt2(name: str, entry: Entry, f: BinaryIO) -> None:
     """The standard ``.pt2`` archive: shipped files, the small members kept in the manifest, and
     the weights pickled one file each again, as torch's own loader reads them."""
     import zipfile
@@ -107,7 +114,7 @@ def _write_pt2(name, entry, f):
                         out.write(chunk)
 
 
-def _mapped_weights(torch, name, entry, constants):
+def _mapped_weights(torch: Any, name: str, entry: Entry, constants: dict[str, str]) -> dict[str, Any]:
     """Views of the model's ``weights.bin``, mapped (page cache, shared between processes), by constant name."""
     weights = entry["weights"]
     path = os.path.join(_HERE, name, weights["file"])
@@ -123,7 +130,7 @@ def _mapped_weights(torch, name, entry, constants):
     return views
 
 
-def _pickled_weights(name, entry):
+def _pickled_weights(name: str, entry: Entry) -> dict[str, Callable[[IO[bytes]], None]]:
     """Writers of the weights as Inductor's package format has them (one ``torch.save`` file each), by
     member; each copies one weight at a time, so that a package of large weights is not held whole."""
     import json
@@ -132,10 +139,11 @@ def _pickled_weights(name, entry):
 
     (config,) = [text for member, text in entry["inline"].items() if member.endswith("weights_config.json")]
     views = _mapped_weights(torch, name, entry, {fqn: fqn for fqn in entry["weights"]["tensors"]})
-    return {
-        f"data/weights/{file}": (lambda out, view=views[fqn]: torch.save(view.clone(), out))
-        for fqn, (file, *_) in json.loads(config).items()
-    }
+
+    def writer(view: Any) -> Callable[[IO[bytes]], None]:
+        return lambda out: torch.save(view.clone(), out)
+
+    return {f"data/weights/{file}": writer(views[fqn]) for fqn, (file, *_) in json.loads(config).items()}
 
 
 class _CompiledModel:
@@ -146,20 +154,21 @@ class _CompiledModel:
     or silently compute garbage on a wrong input.
     """
 
-    def __init__(self, name, entry):
+    _runner: Any
+    _run: Callable[..., Any]
+    _weights: dict[str, Any] | None
+
+    def __init__(self, name: str, entry: Entry) -> None:
         import torch
         from torch.utils import _pytree as pytree
 
         self.name = name
         self.device = entry["device"]
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(
-                f"compiled model {name!r} was built for {self.device}, but this torch "
-                f"({torch.__version__}) sees no CUDA device"
-            )
+        problems = _problems(name, torch)
+        if problems:
+            raise RuntimeError(f"compiled model {name!r} {problems[0]}")
         self._file = os.path.join(_HERE, name, entry["file"])
         self._weights = None
-        _check_cpu(name, entry["cpu"], cpuid=_cpuid(torch))
         self.backend = entry.get("backend", "aoti")
         if self.backend == "aoti":
             in_spec, out_spec = self._aoti(torch, entry)
@@ -186,9 +195,9 @@ class _CompiledModel:
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
         self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
 
-    def _aoti(self, torch, entry):
+    def _aoti(self, torch: Any, entry: Entry) -> Any:
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
-        _check_symbols(torch, self.name, entry.get("torch_symbols"))
+        _check_symbols(torch, self.name, entry.get("torch_symbols") or [])
         try:
             self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
@@ -210,7 +219,7 @@ class _CompiledModel:
             self._run = self._runner.loader.boxed_run
             return self._runner.loader.get_call_spec()
 
-    def _flatten(self, args, kwargs):
+    def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Tensor inputs in the compiled order, after checking the call's structure."""
         unknown = sorted(set(kwargs) - set(self._kwarg_names))
         missing = [k for k in self._kwarg_names if k not in kwargs]
@@ -237,9 +246,9 @@ class _CompiledModel:
                 )
         return [leaves[i] for i in self._tensor_index]
 
-    def _reject(self, tensors):
+    def _reject(self, tensors: list[Any]) -> None:
         """Raise the error for the first tensor input that does not fit."""
-        roots = {}
+        seen_at: dict[str, tuple[int, int, int]] = {}
         for position, tensor in enumerate(tensors):
             leaf = self._leaves[self._tensor_index[position]]
             expected = _describe(leaf)
@@ -256,7 +265,7 @@ class _CompiledModel:
                 raise ValueError(f"{where} must be {expected}; got {got}")
             for axis, _, _, root, mult, offset in dims:
                 value = (tensor.shape[axis] - offset) // mult
-                seen = roots.setdefault(root, (value, position, axis))
+                seen = seen_at.setdefault(root, (value, position, axis))
                 if seen[0] != value:
                     raise ValueError(
                         f"{where}: axis {axis} gives {root} = {value}, but input {seen[1]} axis {seen[2]} "
@@ -265,7 +274,12 @@ class _CompiledModel:
         raise AssertionError("no input was rejected")
 
 
-def _check_symbols(torch, name, symbols, libraries=("libtorch_cpu.so", "libtorch_cuda.so", "libtorch.so")):
+def _check_symbols(
+    torch: Any,
+    name: str,
+    symbols: list[str],
+    libraries: tuple[str, ...] = ("libtorch_cpu.so", "libtorch_cuda.so", "libtorch.so"),
+) -> None:
     """Refuse, with the reason, a library that needs libtorch symbols this torch lacks (a C shim of a newer
     torch, say): loading it would fail with the dynamic loader's bare error, or worse."""
     import ctypes
@@ -286,32 +300,83 @@ def _check_symbols(torch, name, symbols, libraries=("libtorch_cpu.so", "libtorch
         )
 
 
-def _check_cpu(name, cpu, machine=None, flags=None, cpuid=None):
-    """Refuse, with the reason, a CPU that lacks the instructions the model was built for.
+def _problems(name: str, torch: Any = None) -> list[str]:
+    """Why model ``name`` cannot run here, found without loading it: the CPU, the device, and for a
+    precompiled model the Python and torch. ``load()`` refuses with the first; ``hatch-aoti`` asks
+    this before loading. Without ``torch`` (not imported yet), the CPU is asked through /proc/cpuinfo."""
+    entry = _entry(name)
+    found = [_cpu_problem(entry["cpu"], cpuid=_cpuid(torch) if torch is not None else None)]
+    if entry["device"].startswith("cuda"):
+        import torch
 
-    Running it anyway would die with SIGILL (torch itself only logs a warning). The CPU's
-    own answer (CPUID, as torch reads it) wins over /proc/cpuinfo, which an emulator or a
-    container may copy from another machine; /proc/cpuinfo covers the features it lacks.
-    """
+        if not torch.cuda.is_available():
+            found.append(f"was built for {entry['device']}, but this torch ({torch.__version__}) sees no CUDA device")
+    if entry.get("backend") == "precompile":
+        found.append(_precompile_problem(entry, torch.__version__ if torch is not None else _torch_version()))
+    return [p for p in found if p]
+
+
+def _check_cpu(
+    name: str,
+    cpu: dict[str, Any],
+    machine: str | None = None,
+    flags: frozenset[str] | None = None,
+    cpuid: dict[str, bool] | None = None,
+) -> None:
+    """Refuse, with the reason, a CPU that lacks the instructions the model was built for (see
+    :func:`_cpu_problem`); running it anyway would die with SIGILL."""
+    problem = _cpu_problem(cpu, machine, flags, cpuid)
+    if problem:
+        raise RuntimeError(f"compiled model {name!r} {problem}")
+
+
+def _cpu_problem(
+    cpu: dict[str, Any],
+    machine: str | None = None,
+    flags: frozenset[str] | None = None,
+    cpuid: dict[str, bool] | None = None,
+) -> str | None:
+    """The CPU's own answer (CPUID, as torch reads it) wins over /proc/cpuinfo, which an emulator or
+    a container may copy from another machine; /proc/cpuinfo covers the features it lacks."""
     machine = machine or os.uname().machine
     if cpu["arch"] != machine:
-        raise RuntimeError(
-            f"compiled model {name!r} was built for {cpu['arch']} CPUs ({cpu['target']}); this machine is {machine}"
-        )
+        return f"was built for {cpu['arch']} CPUs ({cpu['target']}); this machine is {machine}"
     if flags is None:
         flags = _host_flags()
     cpuid = cpuid or {}
-    missing = []
+    missing: list[str] = []
     for feature in cpu["features"]:
         answer = cpuid.get(_CPUID_NAMES.get(feature, feature))
         if answer is False or (answer is None and flags is not None and feature not in flags):
             missing.append(feature)
-    if missing:
-        raise RuntimeError(
-            f"compiled model {name!r} needs a CPU with {cpu['target']} instructions; this CPU lacks "
-            f"{', '.join(missing)}. Rebuild the wheel with an older `cpu-target` (for example "
-            '"x86-64-v3") to run it here.'
-        )
+    if not missing:
+        return None
+    return (
+        f"needs a CPU with {cpu['target']} instructions; this CPU lacks {', '.join(missing)}. Rebuild "
+        'the wheel with an older `cpu-target` (for example "x86-64-v3") to run it here.'
+    )
+
+
+def _precompile_problem(entry: Entry, torch_version: str | None) -> str | None:
+    """Precompiled code loads only under the Python and torch that made it."""
+    import platform
+
+    built, here = (entry["python"], entry["torch"]), (platform.python_version(), torch_version)
+    if built == here:
+        return None
+    return (
+        f"was precompiled with Python {built[0]} and torch {built[1]}, and loads only there; this is "
+        f"Python {here[0]} with torch {here[1]}. Install a wheel built for them."
+    )
+
+
+def _torch_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 #: /proc/cpuinfo flag names -> the names torch's CPUID reader (``torch.cpu.get_capabilities``) uses.
@@ -330,7 +395,7 @@ _CPUID_NAMES = {
 }
 
 
-def _cpuid(torch):
+def _cpuid(torch: Any) -> dict[str, bool]:
     """What the CPU itself reports to this process (True/False by feature); empty where torch cannot say."""
     get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
     try:
@@ -340,13 +405,13 @@ def _cpuid(torch):
     return {k: v for k, v in found.items() if isinstance(v, bool)}
 
 
-_FLAGS = []
+_FLAGS: list[frozenset[str] | None] = []
 
 
-def _host_flags():
+def _host_flags() -> frozenset[str] | None:
     """CPU flags of this machine from /proc/cpuinfo, read once; None where there is none."""
     if not _FLAGS:
-        flags = None
+        flags: frozenset[str] | None = None
         try:
             with open("/proc/cpuinfo", encoding="utf-8") as f:
                 for line in f:
@@ -359,7 +424,7 @@ def _host_flags():
     return _FLAGS[0]
 
 
-def _callable(engine):
+def _callable(engine: _CompiledModel) -> Callable[..., Any]:
     """The function ``load()`` returns: the eager model's call signature, checked, then the runner.
 
     Its code is generated for the model's own input and output structure (plain indexing
@@ -370,7 +435,7 @@ def _callable(engine):
     tensors_of = _checker(engine)
     finish = _finisher(engine)
 
-    def generic(args, kwargs):
+    def generic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         tensors = tensors_of(args, kwargs)
         prepared = _resolved(tensors) if engine._complex else _contiguous(tensors)
         return finish(tensors, prepared, engine._run(list(prepared)))  # torch's fallback runner empties it
@@ -385,9 +450,15 @@ class _Miss(Exception):
 _MISSES = (_Miss, LookupError, TypeError, AttributeError)
 
 
-def _generated(engine, generic):
+def _generated(engine: _CompiledModel, generic: Callable[..., Any]) -> Callable[..., Any]:
     """Compile the model's call function; ``generic(args, kwargs)`` takes whatever it does not."""
-    env = {"_run": engine._run, "_generic": generic, "_Miss": _Miss, "_MISSES": _MISSES, "_strided": engine._strided}
+    env: dict[str, Any] = {
+        "_run": engine._run,
+        "_generic": generic,
+        "_Miss": _Miss,
+        "_MISSES": _MISSES,
+        "_strided": engine._strided,
+    }
     lines, leaves = _unpacking(engine, env)
     if leaves is None or not _inline_checks(engine, leaves, lines, env):
         return lambda *args, **kwargs: generic(args, kwargs)
@@ -404,19 +475,21 @@ def _generated(engine, generic):
     ]
     # The call runs in the else branch, outside the handler: its errors never show the _Miss.
     exec("\n".join(body), env)
-    return env["model"]
+    model: Callable[..., Any] = env["model"]
+    return model
 
 
-def _unpacking(engine, env):
+def _unpacking(engine: _CompiledModel, env: dict[str, Any]) -> tuple[list[str], list[str] | None]:
     """Lines that bind each input leaf to ``v<i>``, checking the containers on the way; (lines, None)
     where a container is of another type than tuple, list or dict (the generic path takes those)."""
     args_spec, kwargs_spec = _children(engine._in_spec)
     lines = [
         f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine._kwarg_names)}: raise _Miss"
     ]
-    leaves, nodes = [], itertools.count()
+    leaves: list[str] = []
+    nodes = itertools.count()
 
-    def walk(spec, expr):
+    def walk(spec: Any, expr: str) -> bool:
         if spec.is_leaf():
             leaves.append(f"v{len(leaves)}")
             lines.append(f"        {leaves[-1]} = {expr}")
@@ -439,7 +512,7 @@ def _unpacking(engine, env):
     return lines, leaves if ok else None
 
 
-def _key(env, key):
+def _key(env: dict[str, Any], key: Any) -> str:
     """A dict key in generated code: a string as its literal, anything else by a name in its globals."""
     if type(key) is str:
         return repr(key)
@@ -447,9 +520,9 @@ def _key(env, key):
     return f"Q{len(env) - 1}"
 
 
-def _calling(engine, tensors, env):
+def _calling(engine: _CompiledModel, tensors: list[str], env: dict[str, Any]) -> list[str]:
     """Lines that make the inputs contiguous, run, write back the inputs the model writes, and return."""
-    lines = []
+    lines: list[str] = []
     for position, var in enumerate(tensors):
         if engine._checks[position][0].is_complex:
             lines.append(f"        c{position} = {var}.resolve_conj().resolve_neg().contiguous()")
@@ -462,9 +535,9 @@ def _calling(engine, tensors, env):
     return lines
 
 
-def _inline_checks(engine, leaves, lines, env):
+def _inline_checks(engine: _CompiledModel, leaves: list[str], lines: list[str], env: dict[str, Any]) -> bool:
     """The per-tensor checks as generated lines; False if a leaf needs the generic path."""
-    roots = {}
+    roots: dict[str, str] = {}
     if any("const" in leaf and not leaf.get("check_const") for leaf in engine._leaves):
         return False  # a constant that is not a plain value: compared by the generic path only
     for index, value in engine._constants:
@@ -501,7 +574,7 @@ def _inline_checks(engine, leaves, lines, env):
     return True
 
 
-def _output_expr(engine, env):
+def _output_expr(engine: _CompiledModel, env: dict[str, Any]) -> str:
     """An expression of ``o`` (the runner's flat outputs) in the eager model's output structure and types."""
     flat = []
     for i, out in enumerate(engine._outputs):
@@ -515,7 +588,7 @@ def _output_expr(engine, env):
             flat.append(f"o[{i}]")
     leaves = iter(flat)
 
-    def build(spec):
+    def build(spec: Any) -> str:
         if spec.is_leaf():
             return next(leaves)
         children = [build(c) for c in _children(spec)]
@@ -534,45 +607,45 @@ def _output_expr(engine, env):
         return f"_unflatten([{', '.join(flat)}], _spec)"
 
 
-def _finisher(engine):
+def _finisher(engine: _CompiledModel) -> Callable[[list[Any], list[Any], list[Any]], Any]:
     """For the generic path: mutations written back, outputs in the eager model's structure and types."""
-    env = {}
+    env: dict[str, Any] = {}
     code = f"lambda o: {_output_expr(engine, env)}"
     outputs = eval(code, env)
     mutated = engine._mutated
 
-    def finish(tensors, prepared, flat):
+    def finish(tensors: list[Any], prepared: list[Any], flat: list[Any]) -> Any:
         _write_back(tensors, prepared, mutated)
         return outputs(flat)
 
     return finish
 
 
-def _contiguous(tensors):
+def _contiguous(tensors: list[Any]) -> list[Any]:
     return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
 
-def _resolved(tensors):
+def _resolved(tensors: list[Any]) -> list[Any]:
     return [t.resolve_conj().resolve_neg().contiguous() if t.is_complex() else t for t in _contiguous(tensors)]
 
 
-def _checked(engine):
+def _checked(engine: _CompiledModel) -> Callable[..., Any]:
     """The function ``load()`` returns for other backends: the same checks, then their callable."""
     run, tensors_of = engine._run, _checker(engine)
 
-    def model(*args, **kwargs):
+    def model(*args: Any, **kwargs: Any) -> Any:
         return run(tensors_of(args, kwargs), args, kwargs)
 
     return _named(model, engine)
 
 
-def _checker(engine):
+def _checker(engine: _CompiledModel) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
     """A function from a call's inputs to its tensors in compiled order, raising for any that does not fit."""
     flatten, reject, checks, strided = engine._flatten, engine._reject, engine._checks, engine._strided
 
-    def tensors_of(args, kwargs):
+    def tensors_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         tensors = flatten(args, kwargs)
-        roots = {}
+        roots: dict[str, int] = {}
         for tensor, (dtype, cpu, sizes, dims) in zip(tensors, checks):
             try:
                 ok = (
@@ -592,17 +665,23 @@ def _checker(engine):
     return tensors_of
 
 
-def _named(model, engine):
+def _named(model: Callable[..., Any], engine: _CompiledModel) -> Callable[..., Any]:
     model.__name__ = model.__qualname__ = engine.name
     model.__module__ = __name__
     model.__doc__ = f"Compiled model {engine.name!r} on {engine.device}; see {__name__}.info({engine.name!r})."
-    model.name, model.device, model.file = engine.name, engine.device, engine._file
-    model.runner = engine._runner  # torch's runner underneath (private torch API), for benchmarks
-    model.weights = engine._weights  # the mapped weights the runner uses: they live as long as the model
+    attributes = {
+        "name": engine.name,
+        "device": engine.device,
+        "file": engine._file,
+        "runner": engine._runner,  # torch's runner underneath (private torch API), for benchmarks
+        "weights": engine._weights,  # the mapped weights the runner uses: they live as long as the model
+    }
+    for attribute, value in attributes.items():
+        setattr(model, attribute, value)
     return model
 
 
-def _call(module, *args, **kwargs):
+def _call(module: Any, *args: Any, **kwargs: Any) -> Any:
     """What the precompile backend compiles: the model's module called with its inputs.
 
     It lives here, in the module that ships with every wheel, because a precompiled
@@ -611,18 +690,11 @@ def _call(module, *args, **kwargs):
     return module(*args, **kwargs)
 
 
-def _precompiled(name, entry):
-    """A model of the precompile backend: its factory's module under the saved functions."""
-    import platform
-
+def _precompiled(name: str, entry: Entry) -> Callable[..., Any]:
+    """A model of the precompile backend: its factory's module under the saved functions (the
+    Python and torch that made them were checked by :func:`_problems`)."""
     import torch
 
-    built, here = (entry["python"], entry["torch"]), (platform.python_version(), torch.__version__)
-    if built != here:
-        raise RuntimeError(
-            f"compiled model {name!r} was precompiled with Python {built[0]} and torch {built[1]}, and loads "
-            f"only there; this is Python {here[0]} with torch {here[1]}. Install a wheel built for them."
-        )
     return _Precompiled(torch, name, entry)
 
 
@@ -630,15 +702,12 @@ class _Precompiled:
     """The saved functions of a precompile model, one per region of sizes (each compiled under its own
     region's guards); the first is loaded with the model, the others on first use."""
 
-    def __init__(self, torch, name, entry):
-        import importlib
+    def __init__(self, torch: Any, name: str, entry: Entry) -> None:
+        import pkgutil
 
         import torch._inductor.config
 
-        module_name, _, attr = entry["factory"].partition(":")
-        factory = importlib.import_module(module_name)
-        for part in attr.split("."):
-            factory = getattr(factory, part)
+        factory = pkgutil.resolve_name(entry["factory"])
         self.torch, self.name = torch, name
         # The module and the guards are made outside inference mode, which would give the
         # parameters other dispatch keys than the guards expect; the kernels are compiled when
@@ -657,12 +726,12 @@ class _Precompiled:
         self.kwarg_names = tuple(_children(self.in_spec)[1].context)
         self._load(0)
 
-    def _load(self, index):
+    def _load(self, index: int) -> None:
         path = os.path.join(_HERE, self.name, self.regions[index]["file"])
         with self.torch.inference_mode(False), self.settings, open(path, "rb") as f:
             self.loaded[index] = self.torch.compiler.load_compiled_function(f)
 
-    def _compiled_for(self, tensors):
+    def _compiled_for(self, tensors: list[Any]) -> Any:
         sizes = {root: (tensors[p].shape[axis] - offset) // mult for p, axis, root, mult, offset in self.axes}
         covers = [
             all(low <= sizes[root] and (high is None or sizes[root] <= high) for root, (low, high) in r["dims"].items())
@@ -677,12 +746,12 @@ class _Precompiled:
                     self._load(index)
         return self.loaded[index]
 
-    def _plain(self, tensor):  # contiguous, as when it was compiled: the guards check strides
+    def _plain(self, tensor: Any) -> Any:  # contiguous, as when it was compiled: the guards check strides
         if tensor.is_inference():
             return tensor.clone(memory_format=self.torch.contiguous_format)
         return tensor if tensor.is_contiguous() else tensor.contiguous()
 
-    def __call__(self, tensors, args, kwargs):
+    def __call__(self, tensors: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         torch, compiled = self.torch, self._compiled_for(tensors)
         leaves = self.in_spec.flatten_up_to((args, {k: kwargs[k] for k in self.kwarg_names}))  # checked already
         # Its guards were recorded under no_grad, outside inference mode: inside it, and for
@@ -705,14 +774,14 @@ class _Precompiled:
         return out
 
 
-def _write_back(tensors, copies, mutated):
+def _write_back(tensors: list[Any], copies: list[Any], mutated: list[int]) -> None:
     """The inputs the model writes into, written from the copies the compiled code ran on."""
     for position in mutated:
         if copies[position] is not tensors[position]:
             tensors[position].copy_(copies[position])
 
 
-def _root_axes(torch, leaves):
+def _root_axes(torch: Any, leaves: list[Leaf]) -> list[tuple[int, int, str, int, int]]:
     """(tensor position, axis, root dim, multiple, offset) of every dynamic axis of a model's inputs."""
     checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
     return [
@@ -722,20 +791,22 @@ def _root_axes(torch, leaves):
     ]
 
 
-def _runtime(name, entry):
+def _runtime(name: str, entry: Entry) -> Callable[..., Any]:
     """A model of another backend: its run-time module, shipped as ``_aoti/runtime/<backend>.py``."""
     import importlib.util
 
     backend = entry["backend"]
     path = os.path.join(_HERE, "runtime", f"{backend}.py")
     spec = importlib.util.spec_from_file_location(f"{__name__}._runtime_{backend}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"compiled model {name!r}: cannot load its run-time module {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     call = module.load(name, entry, os.path.join(_HERE, name))
     return lambda tensors, args, kwargs: call(*args, **kwargs)
 
 
-def _tensor_check(torch, leaf):
+def _tensor_check(torch: Any, leaf: Leaf) -> tuple[Any, ...]:
     """(dtype, on cpu?, static sizes (None where dynamic), ((axis, min, max, root, multiple, offset), ...))."""
     sizes = tuple(d if isinstance(d, int) else None for d in leaf["shape"])
     dims = tuple(
@@ -755,7 +826,7 @@ def _tensor_check(torch, leaf):
     return getattr(torch, leaf["dtype"]), leaf["device"] == "cpu", sizes, dims
 
 
-def _fits(shape, sizes, dims, roots):
+def _fits(shape: Any, sizes: Any, dims: Any, roots: dict[str, int]) -> bool:
     """Rank, static sizes, dynamic ranges and rules of a shape; ``roots`` collects each root dim's value."""
     if len(shape) != len(sizes):
         return False
@@ -771,7 +842,7 @@ def _fits(shape, sizes, dims, roots):
     return True
 
 
-def _describe(leaf):
+def _describe(leaf: Leaf) -> str:
     dims = []
     for d in leaf["shape"]:
         if isinstance(d, int):
@@ -784,19 +855,19 @@ def _describe(leaf):
     return f"{leaf['dtype']} on {leaf['device']} with shape [{', '.join(dims)}]"
 
 
-def _rule(dim):
+def _rule(dim: dict[str, Any]) -> str:
     """``320*frames``, ``2*n + 1``: a derived dim as its root, multiple and offset."""
     text = f"{dim['mult']}*{dim['root']}" if dim.get("mult", 1) != 1 else dim["root"]
     offset = dim.get("offset", 0)
     return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset < 0 else text
 
 
-def _children(spec):
+def _children(spec: Any) -> list[Any]:
     children = getattr(spec, "children", None)
     return list(children()) if callable(children) else list(spec.children_specs)
 
 
-def _opened(torch, name, so_path, device):
+def _opened(torch: Any, name: str, so_path: str, device: str) -> Any:
     """The runner on the library; the dynamic loader's words about a symbol, said of the model instead."""
     try:
         return _fast_runner(torch, so_path, device)
@@ -815,7 +886,7 @@ def _opened(torch, name, so_path, device):
         raise RuntimeError(f"compiled model {name!r} was built with torch {_MANIFEST['torch']}; {why}") from None
 
 
-def _fast_runner(torch, so_path, device):
+def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
     """The AOTInductor container runner straight on the shipped shared library: nothing extracted."""
     aoti = torch._C._aoti
     if device == "cpu":
@@ -823,7 +894,7 @@ def _fast_runner(torch, so_path, device):
     return aoti.AOTIModelContainerRunnerCuda(so_path, 1, device, os.path.dirname(so_path))
 
 
-def _public_runner(name, entry):
+def _public_runner(name: str, entry: Entry) -> Any:
     """torch's own loader on the same files, rebuilt as a ``.pt2`` in memory."""
     from torch.export.pt2_archive._package import load_pt2
 

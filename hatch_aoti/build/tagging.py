@@ -54,10 +54,11 @@ def elf_needs(path: Path) -> ElfNeeds:
         needs = ElfNeeds(_MACHINES[machine])
         for section in _sections(elf, ("SHT_DYNAMIC", "SHT_GNU_verneed")):
             if isinstance(section, DynamicSection):
-                needs.needed.update(t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED")
+                tags = [t for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+                needs.needed.update(t.needed for t in tags)  # type: ignore[attr-defined]
             elif isinstance(section, GNUVerNeedSection):
                 for verneed, auxiliaries in section.iter_versions():
-                    needs.versions.setdefault(verneed.name, set()).update(aux.name for aux in auxiliaries)
+                    needs.versions.setdefault(str(verneed.name), set()).update(aux.name for aux in auxiliaries)
     return needs
 
 
@@ -67,14 +68,14 @@ def elf_provides(path: Path) -> tuple[str, set[str]]:
     from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection
 
-    soname, defined = path.name, set()
+    soname, defined = path.name, set[str]()
     with path.open("rb") as f:
         elf = ELFFile(f)
         for section in _sections(elf, ("SHT_DYNAMIC", "SHT_GNU_verdef")):
             if isinstance(section, DynamicSection):
                 for tag in section.iter_tags():
                     if tag.entry.d_tag == "DT_SONAME":
-                        soname = tag.soname
+                        soname = tag.soname  # type: ignore[attr-defined]
             elif isinstance(section, GNUVerDefSection):
                 for _verdef, auxiliaries in section.iter_versions():
                     defined.update(aux.name for aux in auxiliaries)
@@ -91,12 +92,15 @@ def torch_symbols(path: Path) -> list[str]:
     version (the system libraries version theirs: ``GLIBC_2.34``, ``GOMP_4.0``) of libtorch's C shim
     and Sleef. The loader checks that the running torch has them."""
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerSymSection
+    from elftools.elf.sections import SymbolTableSection
 
     found = []
     with path.open("rb") as f:
         elf = ELFFile(f)
         dynsym, versions = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".gnu.version")
-        for index, symbol in enumerate(dynsym.iter_symbols() if dynsym is not None else ()):
+        versions = versions if isinstance(versions, GNUVerSymSection) else None
+        for index, symbol in enumerate(dynsym.iter_symbols() if isinstance(dynsym, SymbolTableSection) else ()):
             if not symbol.name or symbol["st_shndx"] != "SHN_UNDEF" or symbol["st_info"]["bind"] != "STB_GLOBAL":
                 continue
             version = versions.get_symbol(index).entry["ndx"] if versions is not None else "VER_NDX_GLOBAL"

@@ -95,45 +95,34 @@ def per_call(
     fns = {"compiled": lambda: compiled(*args, **kwargs)}
     if module is not None:
         fns["eager"] = lambda: module(*args, **kwargs)
-    sync = torch.cuda.synchronize if str(entry["device"]).startswith("cuda") else None
     try:
         with torch.no_grad():
-            return side_by_side(fns, *timing, sync=sync)
+            return side_by_side(fns, *timing)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {models.first_line(exc)}"}
 
 
-def side_by_side(
-    fns: dict[str, Callable[[], Any]],
-    warmup: int,
-    repeats: int,
-    min_time: float,
-    sync: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Seconds per call of each function: median and range of ``repeats`` interleaved rounds.
+def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, min_time: float) -> dict[str, Any]:
+    """Seconds per call of each function: median and range of ``repeats`` interleaved rounds, each a
+    ``torch.utils.benchmark`` blocked autorange of ``min_time`` (which waits for CUDA work itself),
+    with this process's threads."""
+    import torch
+    from torch.utils import benchmark
 
-    ``sync`` (CUDA) waits for the device at the end of each round, so that rounds time the
-    work and not only its launch.
-    """
-    sync = sync or (lambda: None)
-    number = {}
-    for label, fn in fns.items():
-        for _ in range(warmup):
-            start = time.perf_counter()
-            fn()
-            sync()
-            once = time.perf_counter() - start
-        number[label] = max(1, min(1_000_000, int(min_time / max(once, 1e-7))))
+    threads = torch.get_num_threads()
+    timers = {label: benchmark.Timer("fn()", globals={"fn": fn}, num_threads=threads) for label, fn in fns.items()}
+    for timer in timers.values():
+        if warmup:
+            timer.timeit(warmup)
     rounds: dict[str, list[float]] = {label: [] for label in fns}
+    calls_made = dict.fromkeys(fns, 0)
     for _ in range(repeats):
-        for label, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(number[label]):
-                fn()
-            sync()
-            rounds[label].append((time.perf_counter() - start) / number[label])
+        for label, timer in timers.items():
+            measured = timer.blocked_autorange(min_run_time=min_time)
+            rounds[label].append(measured.median)
+            calls_made[label] += measured.number_per_run * len(measured.raw_times)
     return {
-        label: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r), "calls": number[label] * repeats}
+        label: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r), "calls": calls_made[label]}
         for label, r in rounds.items()
     }
 

@@ -53,7 +53,7 @@ def package_files(target: Target) -> list[dict[str, Any]]:
 def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
     configs = entry.get("inductor_configs", {})
     directory = target.package_dir / ARTIFACT_DIR / name
-    problems = machine.problems(target, entry)
+    problems = machine.problems(target, name)
     return {
         "backend": entry.get("backend", "aoti"),
         "device": entry.get("device"),

@@ -21,7 +21,7 @@ class Unavailable(Exception):
 def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any]:
     """``compiled.load(name)``, after the checks that need nothing loaded."""
     entry = target.model(name)
-    problems = machine.problems(target, entry)
+    problems = machine.problems(target, name)
     if problems:
         raise Unavailable("cannot run here: " + "; ".join(problems))
     if entry.get("backend") == "precompile":
@@ -40,7 +40,9 @@ def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any
 
 def eager(target: Target, name: str) -> Any:
     """The eager module, from the factory the manifest names, imported from the target."""
-    from hatch_aoti.worker.checks import resolve, short_exception
+    import pkgutil
+
+    from hatch_aoti.worker.checks import short_exception
 
     entry = target.model(name)
     factory = entry.get("factory")
@@ -48,6 +50,6 @@ def eager(target: Target, name: str) -> Any:
         raise Unavailable("the manifest does not name the model's factory (built by hatch-aoti before 0.2)")
     target.allow_package_code()
     try:
-        return resolve(factory)().to(entry["device"]).eval()
+        return pkgutil.resolve_name(factory)().to(entry["device"]).eval()
     except Exception as exc:
         raise Unavailable(f"cannot build the eager model with {factory}: {first_line(short_exception(exc))}") from None

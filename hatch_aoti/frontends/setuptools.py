@@ -117,8 +117,8 @@ def _require_torch(dist: Any) -> None:
         dist.install_requires = dist.metadata.install_requires = [*requires, requirement]
 
 
-def _requiring_torch(base: type) -> type:
-    class command(base):  # type: ignore[misc]
+def _requiring_torch(base: type[Any]) -> type:
+    class command(base):
         def run(self) -> None:
             _require_torch(self.distribution)
             super().run()
@@ -127,8 +127,8 @@ def _requiring_torch(base: type) -> type:
     return command
 
 
-def _build(base: type) -> type:
-    class build(base):  # type: ignore[misc]
+def _build(base: type[Any]) -> type:
+    class build(base):
         sub_commands = [*base.sub_commands, ("build_aoti", None)]
 
     return build
@@ -191,7 +191,7 @@ class build_aoti(Command):
             target = Path(str(self.get_finalized_command("install").install_lib))
             files = {src: target / name for src, name in editable_files(package, loader, staged.package, stage).items()}
         else:
-            target = Path(self.build_lib, *package.split("."))
+            target = Path(str(self.build_lib), *package.split("."))
             files = {staged.package / p.name: target / p.name for p in staged.package.iterdir()}
         for source, dest in files.items():
             if dest.is_dir():

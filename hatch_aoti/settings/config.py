@@ -190,15 +190,15 @@ def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | 
             return value
         problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
         return _INVALID
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         result = read(tp, value, path, problems)
         return _INVALID if result is None else result
     if origin in (tuple, list):
         if not isinstance(value, list):
             problems.add(path, f"must be {describe(tp)}, not {value!r}")
             return _INVALID
-        items = [conform(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
-        return _INVALID if any(i is _INVALID for i in items) else tuple(items)
+        elements = [conform(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return _INVALID if any(e is _INVALID for e in elements) else tuple(elements)
     if origin is dict:
         if not isinstance(value, dict):
             problems.add(path, f"must be {describe(tp)}, not {value!r}")

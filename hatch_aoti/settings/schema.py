@@ -36,7 +36,7 @@ def of_type(tp: Any) -> dict[str, Any]:
     if origin in (typing.Union, types.UnionType):
         options = [of_type(a) for a in args if a is not type(None)]
         return options[0] if len(options) == 1 else {"anyOf": options}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _table(tp)
     if origin in (tuple, list):
         return {"type": "array", "items": of_type(args[0])}

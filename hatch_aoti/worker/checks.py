@@ -8,8 +8,8 @@ build stops, so one build lists everything that is wrong.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
+import pkgutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,14 +34,6 @@ class Prepared:
     """Key paths (``[0][0]``: the first positional input) of the inputs the eager model writes into."""
     replan: Callable[[ModelSpec], Any] | None = None
     """The plan again, for the spec with other ``dynamic`` entries (the rules export suggests)."""
-
-
-def resolve(entry_point: str) -> Any:
-    module_name, _, attr = entry_point.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def short_exception(exc: BaseException) -> str:
@@ -105,7 +97,7 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
 
     path = f"{spec.path}.factory"
     try:
-        factory = resolve(spec.factory)
+        factory = pkgutil.resolve_name(spec.factory)
     except Exception as exc:
         problems.append((path, f"cannot import {spec.factory!r}: {short_exception(exc)}"))
         return None
@@ -135,7 +127,7 @@ def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Cal
         return lambda spec: inputs.plan_declared(spec, params)
     key = f"{spec.path}.example-inputs"
     try:
-        make = resolve(spec.example_inputs)
+        make = pkgutil.resolve_name(spec.example_inputs)
     except Exception as exc:
         problems.append((key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}"))
         return None

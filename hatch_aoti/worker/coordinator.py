@@ -55,7 +55,9 @@ class Coordinator:
         self.stage = Path(job.stage)
         self.package = self.stage / "package"
         self.artifacts = self.package / ARTIFACT_DIR
-        self.cache = CompileCache(Path(job.cache), job.cache_max_size) if job.cache else None
+        self.cache = None
+        if job.cache is not None and job.cache_max_size is not None:
+            self.cache = CompileCache(Path(job.cache), job.cache_max_size)
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.factories: dict[str, str] = {}

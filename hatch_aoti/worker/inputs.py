@@ -7,6 +7,7 @@ Runs inside the worker (it imports torch). A *sample* is always normalised to
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,7 @@ def rule_text(root: str, mult: int, offset: int) -> str:
     return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset < 0 else text
 
 
-def torch_dims(roots: dict[str, tuple[int | None, int | None]], rules: Rules) -> dict[str, Any]:
+def torch_dims(roots: Mapping[str, tuple[int | None, int | None]], rules: Rules) -> dict[str, Any]:
     """``torch.export.Dim`` of every dim: roots with their bounds, derived ones from their roots."""
     made: dict[str, Any] = {
         n: torch.export.Dim(n, **{k: v for k, v in (("min", lo), ("max", hi)) if v is not None})
@@ -298,7 +299,7 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     if dims:
         base = samples[export_index]
         for label, pick in (("min", 0), ("max", 1)):
-            target = {n: b[pick] for n, b in dims.items() if b[pick] is not None}
+            target = {n: size for n, b in dims.items() if (size := b[pick]) is not None}
             seen = all(
                 any(int(specs[i][0][t].shape[a]) == target.get(names[(t, a)]) for i in range(len(samples)))
                 for (t, a) in names

@@ -81,7 +81,9 @@ def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float 
     max_abs, max_rel = float(diff.max()), float(rel.where(diff > 0, torch.zeros((), dtype=torch.float64)).max())
     result.max_abs = max(result.max_abs, max_abs)
     result.max_rel = max(result.max_rel, max_rel)
-    if not torch.allclose(cd, ed, rtol=r, atol=a, equal_nan=True):
+    try:
+        torch.testing.assert_close(cd, ed, rtol=r, atol=a, equal_nan=True)
+    except AssertionError:
         result.problems.append(
             f"{where}: values differ beyond rtol={r:g}, atol={a:g} "
             f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
