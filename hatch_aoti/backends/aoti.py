@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,105 +70,17 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     import shutil
 
     import torch._inductor
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
+    from hatch_aoti import _torch_private
     from hatch_aoti.backends.pt2 import unpack_pt2
 
-    use_header_store()
+    _torch_private.use_header_store()
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     try:
-        with temporary_cache_dir(str(inductor)), portable_paths():
+        with _torch_private.inductor_cache(inductor), _torch_private.portable_paths():
             torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
         return unpack_pt2(pt2, out_dir)
     finally:
         pt2.unlink(missing_ok=True)
         shutil.rmtree(inductor, ignore_errors=True)
-
-
-def use_header_store() -> None:
-    """Keep Inductor's precompiled headers in its usual place, but one directory per torch install.
-
-    They take about 280 MB per torch install and are keyed by its path; Inductor keeps
-    them forever, so every isolated build (a new environment each time) would leave its
-    own copy behind. Here the headers of installs that no longer exist are removed, and a
-    long-lived environment keeps reusing its own (about 9 s a build).
-    """
-    import hashlib
-    import shutil
-
-    import torch
-    from torch._inductor import codecache
-
-    if not hasattr(codecache, "_HEADER_DIR") or getattr(codecache, "_hatch_aoti_headers", False):
-        return
-    root = Path(codecache._HEADER_DIR) / "hatch-aoti"
-    install = os.path.dirname(os.path.abspath(torch.__file__))
-    with contextlib.suppress(OSError):
-        for other in root.iterdir():
-            owner = other / "torch-path"
-            if owner.is_file() and not Path(owner.read_text(encoding="utf-8")).exists():
-                shutil.rmtree(other, ignore_errors=True)
-    home = root / hashlib.sha256(install.encode()).hexdigest()[:16]
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "torch-path").write_text(install, encoding="utf-8")
-    except OSError:
-        return  # Inductor's own location still works
-    codecache._HEADER_DIR = str(home)
-    codecache._HEADER_LOCK_DIR = str(home / "locks")
-    codecache._hatch_aoti_headers = True  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def portable_paths() -> Iterator[None]:
-    """Keep the build's directories out of the compiled code (``-ffile-prefix-map``).
-
-    Headers and generated sources are named by ``__FILE__`` in the library, and their
-    paths depend on where the build runs (torch's location in an isolated build, the
-    Inductor cache), so without this two builds of the same sources would differ. Inductor
-    has no setting for extra compiler flags, so its command builder is wrapped. The map of
-    the Inductor cache (a fresh directory in every build) goes only to the commands that
-    compile its sources: in every command, it would change the key of Inductor's
-    precompiled headers and make each build compile them again (about 9 s here).
-    """
-    import torch
-    from torch._inductor import cpp_builder
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    flags_of = getattr(cpp_builder, "_get_optimization_cflags", None)
-    builder = getattr(cpp_builder, "CppBuilder", None)
-    command_of = getattr(builder, "get_command_line", None)
-    if flags_of is None or command_of is None:  # a torch that builds commands differently
-        yield  # builds stay correct, but not free of paths
-        return
-    stable = _prefix_maps({sys.base_prefix: "python", sys.prefix: "env", os.path.dirname(torch.__file__): "torch"})
-    inductor = cache_dir()
-    generated = " ".join(f"-{flag}" for flag in _prefix_maps({inductor: "inductor"}))
-
-    def flags(*args: Any, **kwargs: Any) -> Any:
-        cflags, ldflags = flags_of(*args, **kwargs)
-        return [*cflags, *stable], ldflags
-
-    def command(self: Any) -> str:
-        line = command_of(self)
-        sources = str(getattr(self, "_sources_args", ""))
-        return f"{line} {generated}" if inductor in sources and "c++-header" not in sources else line
-
-    cpp_builder._get_optimization_cflags = flags
-    builder.get_command_line = command  # type: ignore[union-attr]
-    try:
-        yield
-    finally:
-        cpp_builder._get_optimization_cflags = flags_of
-        builder.get_command_line = command_of  # type: ignore[union-attr]
-
-
-def _prefix_maps(maps: dict[str, str]) -> list[str]:
-    """``ffile-prefix-map`` flags for each directory as given and as resolved; broadest first,
-    since for a path under several of them the last match wins."""
-    out: list[str] = []
-    for old, new in sorted(maps.items(), key=lambda item: len(item[0])):
-        for path in dict.fromkeys([old, os.path.realpath(old)]):
-            out.append(f"ffile-prefix-map={path}={new}")
-    return out

@@ -62,8 +62,8 @@ class PrecompileBackend(Backend):
         """One saved function per region of sizes: Inductor specialises some lowerings by size, and
         Dynamo then guards a narrower range than declared; the regions cover the whole range."""
         import torch
-        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
+        from hatch_aoti._torch_private import inductor_cache
         from hatch_aoti.build.artifacts import sha256
 
         call = importlib.import_module(request.loader)._call
@@ -81,7 +81,7 @@ class PrecompileBackend(Backend):
             path = request.out / (f"model-{len(regions)}.bin" if box else "model.bin")
             shutil.rmtree(inductor, ignore_errors=True)
             try:
-                with torch.no_grad(), temporary_cache_dir(str(inductor)):
+                with torch.no_grad(), inductor_cache(inductor):
                     args, kwargs = _marked(request.plan, box)
                     compiled = torch.compile(call, fullgraph=True, options=request.settings)
                     aot = compiled.aot_compile  # type: ignore[attr-defined]

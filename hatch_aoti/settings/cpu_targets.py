@@ -34,7 +34,7 @@ class CpuTarget:
 
 def _configs(march: str, simdlen: int) -> dict[str, Any]:
     # The target names the vector ISA, so Inductor's probe of the compiler for every ISA
-    # the CPU has (test programs built at each compile's start, about 6 s) is skipped.
+    # the CPU has (test programs built at each compile's start) is skipped.
     return {"cpp.march": march, "cpp.simdlen": simdlen, "cpp.vec_isa_ok": True}
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import importlib
 import sys
 from pathlib import Path
 
@@ -31,8 +29,9 @@ def preload_torch() -> None:
     try:
         import torch  # noqa: F401
 
-        with contextlib.suppress(ImportError):  # loaded by torch.export.export's first call anyway
-            importlib.import_module("torch.export._trace")
+        from hatch_aoti._torch_private import preload_export
+
+        preload_export()
     finally:
         gc.freeze()
         gc.enable()

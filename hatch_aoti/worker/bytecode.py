@@ -2,10 +2,10 @@
 
 Isolated builds (``python -m build``, ``pip wheel``) install torch into a fresh build
 environment without compiling its ``.py`` files, so every worker would compile torch's
-export stack from source on every build: about 6 s here, against under 2 s with
-bytecode. The worker therefore keeps compiled code objects in the compile cache, keyed
-by the digest of each source file's bytes (with the interpreter's bytecode magic number
-and optimisation level), so a build in a new environment with the same torch finds them.
+export stack from source on every build (figures in docs/performance.md). The worker
+keeps compiled code objects in the compile cache, keyed by the digest of each source
+file's bytes (with the interpreter's bytecode magic number and optimisation level), so a
+build in a new environment with the same torch finds them.
 
 Only modules Python would compile from source are affected (those without a ``.pyc``
 beside them); everything else imports as usual. Entries are written atomically and

@@ -78,9 +78,9 @@ def program_digest(exported: Any) -> str:
 def compiler_identity() -> str:
     """The C++ compiler AOTInductor will call, by resolved path and ``--version`` output."""
     try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from hatch_aoti._torch_private import cpp_compiler
 
-        compiler = get_cpp_compiler()
+        compiler = cpp_compiler()
     except Exception as exc:
         return f"unknown ({type(exc).__name__})"
     path = shutil.which(compiler) or compiler

@@ -1,0 +1,83 @@
+"""Each private torch API hatch-aoti uses (``hatch_aoti/_torch_private.py``), checked on this torch and
+on the next one the tests install: a release that moves one fails here, not in a user's build."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import REPO
+
+from hatch_aoti import _torch_private
+
+#: Run in a torch environment with hatch-aoti's modules on the path: one JSON line of what each touch did.
+PROBE = """
+import json, shutil, sys, tempfile
+from pathlib import Path
+import torch
+from torch._inductor import codecache, cpp_builder
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+from hatch_aoti import _torch_private as private
+
+found = {"torch": torch.__version__.split("+")[0]}
+with tempfile.TemporaryDirectory() as tmp:
+    with private.inductor_cache(Path(tmp) / "inductor"):
+        found["inductor_cache"] = cache_dir() == str(Path(tmp) / "inductor")
+    compiler = private.cpp_compiler()
+    found["cpp_compiler"] = bool(shutil.which(compiler) or Path(compiler).is_file())
+    private.preload_export()
+    found["preload_export"] = "torch.export._trace" in sys.modules
+    codecache._HEADER_DIR = str(Path(tmp) / "headers")
+    stale = Path(tmp) / "headers" / "hatch-aoti" / "gone"
+    stale.mkdir(parents=True)
+    (stale / "torch-path").write_text("/no/such/torch")
+    private.use_header_store()
+    home = Path(codecache._HEADER_DIR)
+    found["use_header_store"] = (
+        home.parent == Path(tmp) / "headers" / "hatch-aoti" and (home / "torch-path").is_file()
+        and codecache._HEADER_LOCK_DIR == str(home / "locks") and not stale.exists()
+    )
+    flags_of, command_of = cpp_builder._get_optimization_cflags, cpp_builder.CppBuilder.get_command_line
+    with private.portable_paths():
+        wrapped = cpp_builder._get_optimization_cflags is not flags_of
+        wrapped = wrapped and cpp_builder.CppBuilder.get_command_line is not command_of
+        cflags, _ = cpp_builder._get_optimization_cflags(private.cpp_compiler())
+    restored = cpp_builder._get_optimization_cflags is flags_of
+    restored = restored and cpp_builder.CppBuilder.get_command_line is command_of
+    mapped = any(f.startswith("ffile-prefix-map=") and f.endswith("=torch") for f in cflags)
+    found["portable_paths"] = wrapped and restored and mapped
+print(json.dumps(found))
+"""
+
+
+def probe(python: str) -> dict[str, object]:
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+def expected(version: str) -> dict[str, object]:
+    touches = ("inductor_cache", "cpp_compiler", "preload_export", "use_header_store", "portable_paths")
+    return {"torch": version, **dict.fromkeys(touches, True)}
+
+
+def test_every_private_touch_works_on_this_torch() -> None:
+    version = torch.__version__.split("+")[0]
+    assert version in _torch_private.CHECKED_ON, f"check _torch_private.py on torch {version}, then add it"
+    assert probe(sys.executable) == expected(version)
+
+
+@pytest.mark.integration
+def test_every_private_touch_works_on_the_next_torch(torch_next_envs: Path) -> None:
+    from conftest import TORCH_NEXT
+
+    assert TORCH_NEXT in _torch_private.CHECKED_ON
+    assert probe(str(torch_next_envs / f"torch-{TORCH_NEXT}" / "bin" / "python")) == expected(TORCH_NEXT)
