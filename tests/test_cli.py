@@ -141,6 +141,7 @@ def test_bad_targets_are_one_line_and_exit_2(
         '{"format": 2, "models": {"m": {"call": [], "cpu": {}, "device": "cpu", "file": "x.so"}}}': (
             "model 'm': `cpu.arch` is missing or not a str"
         ),
+        '{"format": 2, "models": {}, "package": "bad"}': "`loader` is missing or not a str",
     }
     cases = {
         str(tmp_path / "missing.whl"): "no such wheel",

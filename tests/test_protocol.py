@@ -197,3 +197,23 @@ def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None
     helper = HelperJob([Task("m", "aoti", "p.pt2", "out", {"a": 1}, ["pkg.models"])], "work", [], "/p", "/cache")
     write_job(helper, tmp_path / "helper.json")
     assert read_job(HelperJob, tmp_path / "helper.json") == helper
+
+
+def test_the_manifest_is_checked_when_written_and_read(tmp_path: Path) -> None:
+    from hatch_aoti.build import manifest
+
+    cpu = {"arch": "x86_64", "target": "x86-64-v3", "features": []}
+    entry = {"call": [{"dtype": "float32", "device": "cpu", "shape": [2]}], "cpu": cpu, "device": "cpu", "file": "m.so"}
+    good: manifest.Manifest = {
+        "format": 2,
+        "hatch_aoti": "0.2.0",
+        "torch": "2.13.0",
+        "package": "p",
+        "loader": "compiled",
+        "models": {"m": entry},
+    }  # type: ignore[dict-item]
+    manifest.write(tmp_path, good)
+    assert manifest.read(tmp_path) == good
+    with pytest.raises(ValueError, match="the manifest model 'm': `device` is missing"):
+        manifest.write(tmp_path, {**good, "models": {"m": {k: v for k, v in entry.items() if k != "device"}}})  # type: ignore[typeddict-item]
+    assert manifest.read(tmp_path) == good, "a refused manifest writes nothing"

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 ARTIFACT_DIR = "_aoti"
 MANIFEST = "manifest.json"
@@ -67,14 +65,7 @@ def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
     }
 
 
-def write_loader(package_dir: Path, loader: str, manifest: dict[str, Any]) -> None:
-    """Write ``<loader>.py`` and ``_aoti/manifest.json`` into a staged package directory."""
-    (package_dir / ARTIFACT_DIR).mkdir(parents=True, exist_ok=True)
-    # Models stay in declaration order (``names()``); everything else is sorted, so an
-    # entry reads the same whether it was just compiled or came from the cache.
-    models = {name: json.loads(json.dumps(entry, sort_keys=True)) for name, entry in manifest["models"].items()}
-    text = json.dumps({"format": MANIFEST_FORMAT, **manifest, "models": models}, indent=2) + "\n"
-    (package_dir / ARTIFACT_DIR / MANIFEST).write_text(text, encoding="utf-8")
+def write_loader(package_dir: Path, loader: str) -> None:
+    """Write ``<loader>.py`` into a staged package directory (its manifest: :mod:`hatch_aoti.build.manifest`)."""
     shutil.copyfile(template_path(), package_dir / f"{loader}.py")
-    for written in (package_dir / ARTIFACT_DIR / MANIFEST, package_dir / f"{loader}.py"):
-        written.chmod(0o644)
+    (package_dir / f"{loader}.py").chmod(0o644)

@@ -14,7 +14,6 @@ import contextlib
 import email.parser
 import importlib.metadata
 import importlib.util
-import json
 import sys
 import tempfile
 import zipfile
@@ -25,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST
+from hatch_aoti.build.manifest import read as read_manifest
 
 
 class CliError(Exception):
@@ -272,52 +272,10 @@ def _target(
 ) -> Target:
     """``package`` defaults to the manifest's, or else to the package's path in the extracted wheel."""
     try:
-        manifest = json.loads((package_dir / ARTIFACT_DIR / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CliError(f"{where}: unreadable {ARTIFACT_DIR}/{MANIFEST} ({exc})") from None
-    problem = manifest_problem(manifest)
-    if problem:
-        raise CliError(f"{where}: {ARTIFACT_DIR}/{MANIFEST} {problem}")
+        manifest: dict[str, Any] = dict(read_manifest(package_dir))
+    except ValueError as exc:
+        raise CliError(f"{where}: {exc}") from None
     if not package:
         package = manifest.get("package") or ".".join(package_dir.relative_to(import_root or package_dir).parts)
-    loader = manifest.get("loader") or _find_loader(package_dir)
+    loader = manifest["loader"]
     return Target(kind, where, package, loader, package_dir, manifest, dist, import_root)
-
-
-def _find_loader(package_dir: Path) -> str:
-    """The generated loader's module name, for manifests that do not record it."""
-    for path in sorted(package_dir.glob("*.py")):
-        with contextlib.suppress(OSError), path.open(encoding="utf-8") as f:
-            if f.read(200).startswith('"""Ahead-of-time compiled models of this package.'):
-                return path.stem
-    return "compiled"
-
-
-#: What every model entry has, and the type of each (manifest format 2).
-ENTRY_KEYS = {"call": list, "cpu": dict, "device": str, "file": str}
-CPU_KEYS = {"arch": str, "target": str, "features": list}
-
-
-def manifest_problem(manifest: Any) -> str | None:
-    """What makes a manifest unusable here, or ``None``: the commands can then index it freely."""
-    from hatch_aoti.build.artifacts import MANIFEST_FORMAT
-
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), dict):
-        return "has no `models` table"
-    if manifest.get("format") != MANIFEST_FORMAT:
-        return f"is of format {manifest.get('format')!r}; this hatch-aoti reads format {MANIFEST_FORMAT}"
-    for name, entry in manifest["models"].items():
-        if not isinstance(entry, dict):
-            return f"model {name!r}: not a table"
-        for table, keys, label in ((entry, ENTRY_KEYS, ""), (entry.get("cpu"), CPU_KEYS, "cpu.")):
-            for key, kind in keys.items():
-                if not isinstance(table, dict) or not isinstance(table.get(key), kind):
-                    return f"model {name!r}: `{label}{key}` is missing or not a {kind.__name__}"
-        if not isinstance(entry.get("files", {}), dict):
-            return f"model {name!r}: `files` is not a table"
-        if not all(
-            isinstance(leaf, dict) and ("const" in leaf or isinstance(leaf.get("shape"), list))
-            for leaf in entry["call"]
-        ):
-            return f"model {name!r}: `call` has an input without a shape"
-    return None

@@ -16,7 +16,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,12 +242,17 @@ def describe(tp: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a value")
 
 
+def did_you_mean(value: str, known: Iterable[str]) -> str:
+    """`` (did you mean `x`?)`` for the closest known name, or ``""``: every such hint reads the same."""
+    close = difflib.get_close_matches(value, list(known), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
 def unknown_keys(table: dict[str, Any], allowed: tuple[str, ...], path: str, problems: Problems) -> None:
     for name in table:
         if name in allowed:
             continue
-        close = difflib.get_close_matches(str(name), allowed, n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else f"; known keys: {', '.join(allowed)}"
+        hint = did_you_mean(str(name), allowed) or f"; known keys: {', '.join(allowed)}"
         problems.add(f"{path}.{name}", f"unknown key{hint}")
 
 
@@ -294,8 +299,7 @@ def _device(value: str, path: str, problems: Problems) -> Any:
 def _dtype(value: str, path: str, problems: Problems) -> Any:
     if value in DTYPES:
         return DTYPES[value]
-    close = difflib.get_close_matches(value, DTYPES, n=1)
-    hint = f" (did you mean `{close[0]}`?)" if close else f"; known: {', '.join(sorted(set(DTYPES.values())))}"
+    hint = did_you_mean(value, DTYPES) or f"; known: {', '.join(sorted(set(DTYPES.values())))}"
     problems.add(path, f"unknown dtype {value!r}{hint}")
     return _INVALID
 
@@ -321,9 +325,7 @@ def _cpu_target(value: str, path: str, problems: Problems) -> Any:
 
     if value in CHOICES:
         return value
-    close = difflib.get_close_matches(value, CHOICES, n=1)
-    hint = f" (did you mean `{close[0]}`?)" if close else ""
-    problems.add(path, f"unknown CPU target {value!r}{hint}; choose from {', '.join(CHOICES)}")
+    problems.add(path, f"unknown CPU target {value!r}{did_you_mean(value, CHOICES)}; choose from {', '.join(CHOICES)}")
     return _INVALID
 
 
@@ -343,9 +345,7 @@ def _backend(value: str, path: str, problems: Problems) -> Any:
     names = known()
     if value in names:
         return value
-    close = difflib.get_close_matches(value, names, n=1)
-    hint = f" (did you mean `{close[0]}`?)" if close else ""
-    problems.add(path, f"unknown backend {value!r}{hint}; installed backends: {', '.join(names)}")
+    problems.add(path, f"unknown backend {value!r}{did_you_mean(value, names)}; installed backends: {', '.join(names)}")
     return _INVALID
 
 

@@ -7,7 +7,6 @@ build stops, so one build lists everything that is wrong.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import pkgutil
 import traceback
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.settings.config import ModelSpec, did_you_mean
 
 Problem = tuple[str, str]
 
@@ -238,8 +237,7 @@ def inductor_settings(configs: dict[str, Any], path: str, problems: list[Problem
             ok = ok and nested is not None
             out.update(nested or {})
         else:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            hint = did_you_mean(name, known)
             problems.append((f"{path}.{name}", f"is not an Inductor setting of torch {torch.__version__}{hint}"))
             ok = False
     return out if ok else None

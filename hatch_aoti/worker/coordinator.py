@@ -335,16 +335,22 @@ class Coordinator:
         """The staged loader and manifest, for ``models``; a model's factory is added here, not cached
         (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
-        from hatch_aoti.build.artifacts import write_loader, write_runtime
+        from hatch_aoti.build import manifest
+        from hatch_aoti.build.artifacts import MANIFEST_FORMAT, write_loader, write_runtime
 
-        manifest = {
-            "hatch_aoti": __version__,
-            "torch": _torch_version(),
-            "package": self.job.package,
-            "loader": self.job.loader,
-            "models": {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()},
-        }
-        write_loader(self.package, self.job.loader, manifest)
+        entries: dict[str, Any] = {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()}
+        manifest.write(
+            self.package,
+            manifest.Manifest(
+                format=MANIFEST_FORMAT,
+                hatch_aoti=__version__,
+                torch=_torch_version(),
+                package=self.job.package,
+                loader=self.job.loader,
+                models=entries,
+            ),
+        )
+        write_loader(self.package, self.job.loader)
         for name in sorted({entry["backend"] for entry in models.values()}):
             runtime = backends.get(name).runtime
             if runtime is not None:
