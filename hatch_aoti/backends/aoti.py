@@ -18,9 +18,9 @@ class AotiBackend(Backend):
     name = "aoti"
     in_helpers = True
 
-    def settings(self, user_configs: dict[str, Any], target: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         mapped = MAPPED_WEIGHTS if spec.weights == "mapped" and spec.device == "cpu" else {}
-        return inductor_configs({**mapped, **user_configs}, target)
+        return inductor_configs({**mapped, **user_configs}, cpu)
 
     def compile(self, request: Request) -> dict[str, Any]:
         return compile_program(request.exported, request.out, request.settings, request.work)
@@ -48,7 +48,7 @@ WHEEL_DEFAULTS: dict[str, Any] = {
 }
 
 
-def inductor_configs(user_configs: dict[str, Any], target: CpuTarget) -> dict[str, Any]:
+def inductor_configs(user_configs: dict[str, Any], cpu: CpuTarget) -> dict[str, Any]:
     """The settings a model compiles with: wheel defaults, then its CPU target's, then the user's."""
     import torch._inductor.config
 
@@ -56,8 +56,8 @@ def inductor_configs(user_configs: dict[str, Any], target: CpuTarget) -> dict[st
     defaults = {k: v for k, v in WHEEL_DEFAULTS.items() if k in known}  # older releases lack some
     if getattr(torch._inductor.config.cpp, "enable_kernel_profile", False):  # TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE
         defaults["cpp.enable_kernel_profile"] = True  # recorded, so `hatch-aoti inspect` and `profile` see it
-    # The target applies to CUDA models too: their wrapper is CPU code built with -march.
-    return {**defaults, **target.inductor_configs, **user_configs}
+    # The CPU target applies to CUDA models too: their wrapper is CPU code built with -march.
+    return {**defaults, **cpu.inductor_configs, **user_configs}
 
 
 def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work: Path) -> dict[str, Any]:

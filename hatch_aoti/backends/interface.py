@@ -71,10 +71,10 @@ class Backend:
     #: import name, and its cache key includes that name and the factory's: files may refer to them.
     in_helpers: ClassVar[bool] = False
 
-    def settings(self, user_configs: dict[str, Any], target: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         """The settings a model compiles with (shown by ``info()`` and part of the cache key).
 
-        ``user_configs`` are the model's ``inductor-configs``, ``target`` its resolved CPU
+        ``user_configs`` are the model's ``inductor-configs``, ``cpu`` its resolved CPU
         target, ``spec`` its :class:`hatch_aoti.settings.config.ModelSpec`.
         """
         return dict(user_configs)
@@ -96,9 +96,9 @@ class Backend:
         raise NotImplementedError
 
     def pins(self, torch_version: str) -> Pins:
-        from hatch_aoti.build.tagging import torch_requirement
+        from hatch_aoti.build.tagging import torch_series
 
-        return Pins(torch_requirement(torch_version))
+        return Pins(torch_series(torch_version))
 
 
 def known() -> list[str]:

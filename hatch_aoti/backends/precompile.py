@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 class PrecompileBackend(Backend):
     name = "precompile"
 
-    def settings(self, user_configs: dict[str, Any], target: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         from hatch_aoti.backends.aoti import inductor_configs
 
-        return inductor_configs(user_configs, target)
+        return inductor_configs(user_configs, cpu)
 
     def key(self) -> dict[str, Any]:
         return {"python": platform.python_version()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 ARTIFACT_DIR = "_aoti"
 MANIFEST = "manifest.json"
@@ -69,3 +70,19 @@ def write_loader(package_dir: Path, loader: str) -> None:
     """Write ``<loader>.py`` into a staged package directory (its manifest: :mod:`hatch_aoti.build.manifest`)."""
     shutil.copyfile(template_path(), package_dir / f"{loader}.py")
     (package_dir / f"{loader}.py").chmod(0o644)
+
+
+def import_file(name: str, path: Path, *, register: bool = False) -> ModuleType:
+    """The module in ``path``, imported as ``name`` without importing its package (a staged or
+    extracted loader); ``register`` puts it in ``sys.modules`` first, as an import would."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as {name}")
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -56,7 +56,7 @@ class Project:
 class Staged:
     """What a front end puts in the wheel."""
 
-    package: Path
+    package_dir: Path
     """``<loader>.py`` and ``_aoti/``, to go into the target package."""
     torch_requirement: str
     platform_tag: str | None
@@ -145,7 +145,7 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
     an exact pin, and must allow the build's torch.
     """
     from hatch_aoti import backends
-    from hatch_aoti.build.tagging import torch_requirement as series
+    from hatch_aoti.build.tagging import torch_series as series
 
     used: dict[str, backends.Backend] = {}
     for name in dict.fromkeys(m.backend for m in settings.models):
@@ -169,7 +169,7 @@ def torch_requirement(settings: Settings, torch_version: str) -> str:
     """``Requires-Dist`` for torch: the user's, if it allows the build's torch, else ``torch==X.Y.*``."""
     from packaging.requirements import Requirement
 
-    from hatch_aoti.build.tagging import torch_requirement as series
+    from hatch_aoti.build.tagging import torch_series as series
 
     if settings.torch_requirement is None:
         return series(torch_version)

@@ -230,7 +230,7 @@ def torch_platform() -> str:
     return tags[0].split("-")[-1] if tags else f"linux_{os.uname().machine}"
 
 
-def torch_requirement(torch_version: str) -> str:
+def torch_series(torch_version: str) -> str:
     """``torch==X.Y.*``: the artifacts are tied to libtorch's ABI of one release series."""
     release = Version(torch_version).release
     return f"torch=={release[0]}.{release[1]}.*"

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST
+from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST, import_file
 from hatch_aoti.build.manifest import read as read_manifest
 
 
@@ -86,13 +86,10 @@ class Target:
         name, path = f"{self.package}.{self.loader_name}", self.package_dir / f"{self.loader_name}.py"
         if getattr(sys.modules.get(name), "__file__", None) == str(path):
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise CliError(f"cannot load {self.package_dir / self.loader_name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+        try:
+            return import_file(name, path, register=True)
+        except ImportError as exc:
+            raise CliError(str(exc)) from None
 
     def allow_package_code(self) -> None:
         """Let the package's own modules (factories) be imported: for ``--eager`` and precompiled models."""

@@ -78,7 +78,7 @@ class AotiBuildHook(BuildHookInterface):
         project = pipeline.Project(Path(self.root), list(dict.fromkeys([str(source_root), self.root])), package)
         staged = pipeline.build(settings, project, self._stage.path, report, editable=version == "editable")
         if version == "editable":
-            self._editable(build_data, package, settings.loader, staged.package)
+            self._editable(build_data, package, settings.loader, staged.package_dir)
             return
         from hatch_aoti.build.artifacts import ARTIFACT_DIR
 
@@ -86,8 +86,8 @@ class AotiBuildHook(BuildHookInterface):
         loader_file = f"{settings.loader}.py"
         build_data["pure_python"] = False
         build_data["tag"] = staged.tag
-        build_data["force_include"][str(staged.package / loader_file)] = f"{dist_dir}/{loader_file}"
-        build_data["force_include"][str(staged.package / ARTIFACT_DIR)] = f"{dist_dir}/{ARTIFACT_DIR}"
+        build_data["force_include"][str(staged.package_dir / loader_file)] = f"{dist_dir}/{loader_file}"
+        build_data["force_include"][str(staged.package_dir / ARTIFACT_DIR)] = f"{dist_dir}/{ARTIFACT_DIR}"
 
     def _find_package(self, settings: Any) -> tuple[str, Path]:
         """The package receiving the loader, and the directory to import it from."""

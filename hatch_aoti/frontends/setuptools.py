@@ -189,10 +189,12 @@ class build_aoti(Command):
 
         if self.editable_mode:  # setuptools puts what `install` holds into the editable wheel as is
             target = Path(str(self.get_finalized_command("install").install_lib))
-            files = {src: target / name for src, name in editable_files(package, loader, staged.package, stage).items()}
+            files = {
+                src: target / name for src, name in editable_files(package, loader, staged.package_dir, stage).items()
+            }
         else:
             target = Path(str(self.build_lib), *package.split("."))
-            files = {staged.package / p.name: target / p.name for p in staged.package.iterdir()}
+            files = {staged.package_dir / p.name: target / p.name for p in staged.package_dir.iterdir()}
         for source, dest in files.items():
             if dest.is_dir():
                 shutil.rmtree(dest)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -97,10 +95,10 @@ class Coordinator:
             return None
         spec = model.spec  # with the rules export found
         backend = backends.get(spec.backend)
-        target = resolve(spec.cpu_target)
+        cpu = resolve(spec.cpu_target)
         if spec.weights == "auto":
             spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
-        settings = backend.settings(model.user_configs, target, spec)
+        settings = backend.settings(model.user_configs, cpu, spec)
         key = ""
         if self.cache is not None:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
@@ -130,7 +128,7 @@ class Coordinator:
             "inputs": model.plan.description,
             "dynamic": dynamic_info(model.plan),
             "inductor_configs": settings,
-            "cpu": {"target": target.name, "arch": target.arch, "features": list(target.features)},
+            "cpu": {"target": cpu.name, "arch": cpu.arch, "features": list(cpu.features)},
         }
         return Miss(model, exported, key, entry, backend)
 
@@ -266,13 +264,10 @@ class Coordinator:
         (precompiled functions) then name a module that exists wherever the wheel goes."""
         if self.loader_name in sys.modules:
             return
+        from hatch_aoti.build.artifacts import import_file
+
         self.write_manifest(self.entries)
-        path = self.package / f"{self.job.loader}.py"
-        spec = importlib.util.spec_from_file_location(self.loader_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[self.loader_name] = module
-        spec.loader.exec_module(module)
+        import_file(self.loader_name, self.package / f"{self.job.loader}.py", register=True)
 
     def finish(self, miss: Miss, outcome: Outcome) -> None:
         """Verify a compiled model, and keep it (staged and cached) once it passes."""
@@ -358,13 +353,10 @@ class Coordinator:
 
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
         """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
+        from hatch_aoti.build.artifacts import import_file
+
         self.write_manifest(models)
-        path = self.package / f"{self.job.loader}.py"
-        spec = importlib.util.spec_from_file_location(f"_hatch_aoti_staged_{len(self.entries)}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return import_file(f"_hatch_aoti_staged_{len(self.entries)}", self.package / f"{self.job.loader}.py")
 
 
 def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, Any]]:
