@@ -316,20 +316,6 @@ def _problems(name: str, torch: Any = None) -> list[str]:
     return [p for p in found if p]
 
 
-def _check_cpu(
-    name: str,
-    cpu: dict[str, Any],
-    machine: str | None = None,
-    flags: frozenset[str] | None = None,
-    cpuid: dict[str, bool] | None = None,
-) -> None:
-    """Refuse, with the reason, a CPU that lacks the instructions the model was built for (see
-    :func:`_cpu_problem`); running it anyway would die with SIGILL."""
-    problem = _cpu_problem(cpu, machine, flags, cpuid)
-    if problem:
-        raise RuntimeError(f"compiled model {name!r} {problem}")
-
-
 def _cpu_problem(
     cpu: dict[str, Any],
     machine: str | None = None,
@@ -733,13 +719,18 @@ class _Precompiled:
 
     def _compiled_for(self, tensors: list[Any]) -> Any:
         sizes = {root: (tensors[p].shape[axis] - offset) // mult for p, axis, root, mult, offset in self.axes}
-        covers = [
-            all(low <= sizes[root] and (high is None or sizes[root] <= high) for root, (low, high) in r["dims"].items())
-            for r in self.regions
-        ]
-        if True not in covers:
+        index = next(
+            (
+                i
+                for i, region in enumerate(self.regions)
+                if all(
+                    low <= sizes[r] and (high is None or sizes[r] <= high) for r, (low, high) in region["dims"].items()
+                )
+            ),
+            None,
+        )
+        if index is None:
             raise ValueError(f"compiled model {self.name!r}: no compiled region covers sizes {sizes}")
-        index = covers.index(True)
         if self.loaded[index] is None:
             with self.lock:
                 if self.loaded[index] is None:

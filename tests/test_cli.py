@@ -115,7 +115,14 @@ def test_the_cli_asks_the_loader_what_stops_a_model() -> None:
     assert machine.problems(target(asked, []), "m") == ["m: the loader says no"]  # type: ignore[arg-type]
     found = machine.problems(target(asked, ["torch==0.1"]), "m")  # type: ignore[arg-type]
     assert found[0].startswith("the wheel requires torch==0.1; this environment has torch") and len(found) == 2
-    assert machine.problems(target(types.SimpleNamespace(), []), "m") == [], "an older loader: load() decides"  # type: ignore[arg-type]
+
+    def broken() -> object:
+        raise SyntaxError("invalid syntax (compiled.py, line 1)")
+
+    damaged = types.SimpleNamespace(loader=broken, dist=types.SimpleNamespace(requires=[]))
+    assert machine.problems(damaged, "m") == [  # type: ignore[arg-type]
+        "the loader cannot be imported or asked: SyntaxError: invalid syntax (compiled.py, line 1)"
+    ], "a message, not a traceback"
 
 
 def _wheel(path: Path, files: dict[str, str]) -> Path:

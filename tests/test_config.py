@@ -161,9 +161,10 @@ def test_spec_round_trips_through_json() -> None:
             }
         }
     ).models
+    import dataclasses
     import json
 
-    assert ModelSpec.from_json(json.loads(json.dumps(model.to_json()))) == model
+    assert ModelSpec.from_json(json.loads(json.dumps(dataclasses.asdict(model)))) == model
 
 
 def test_low_and_high_do_not_apply_to_bool_inputs() -> None:

@@ -465,12 +465,39 @@ def test_the_cpus_own_report_wins_over_proc_cpuinfo(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(loader, "_host_flags", lambda: None)  # no /proc/cpuinfo: the check cannot use this host's
     cpu = {"arch": "x86_64", "target": "native", "features": ["avx2", "avx512f", "avx512_bf16"]}
     proc = {"avx2", "avx512f", "avx512_bf16"}
-    loader._check_cpu("m", cpu, "x86_64", proc, {"avx2": True, "avx512_f": True, "avx512_bf16": True})
-    with pytest.raises(RuntimeError, match="this CPU lacks avx512f"):  # an emulator's /proc shows the host's
-        loader._check_cpu("m", cpu, "x86_64", proc, {"avx2": True, "avx512_f": False, "avx512_bf16": True})
-    with pytest.raises(RuntimeError, match="this CPU lacks avx512_bf16"):  # CPUID says nothing: /proc decides
-        loader._check_cpu("m", cpu, "x86_64", proc - {"avx512_bf16"}, {"avx2": True, "avx512_f": True})
-    loader._check_cpu("m", cpu, "x86_64", None, {})  # nothing to ask: not refused
+    assert loader._cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": True, "avx512_bf16": True}) is None
+    # an emulator's /proc shows the host's; CPUID says what this CPU has
+    found = loader._cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": False, "avx512_bf16": True})
+    assert "this CPU lacks avx512f." in found
+    # CPUID says nothing of a feature: /proc decides
+    found = loader._cpu_problem(cpu, "x86_64", proc - {"avx512_bf16"}, {"avx2": True, "avx512_f": True})
+    assert "this CPU lacks avx512_bf16." in found
+    assert loader._cpu_problem(cpu, "x86_64", None, {}) is None  # nothing to ask: not refused
+
+
+def test_the_loader_names_everything_that_stops_a_model_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_problems``: what ``load()`` refuses with and ``hatch-aoti`` reports, found without loading."""
+    import platform
+
+    import torch
+
+    loader = loader_module(tmp_path)
+    here = {"arch": os.uname().machine, "target": "x86-64-v3", "features": []}
+    monkeypatch.setattr(loader, "_MODELS", {
+        "fine": {"cpu": here, "device": "cpu"},
+        "elsewhere": {"cpu": {**here, "arch": "riscv64"}, "device": "cpu"},
+        "gpu": {"cpu": here, "device": "cuda:0"},
+        "old": {"cpu": here, "device": "cpu", "backend": "precompile", "python": "3.0.0", "torch": "1.0.0"},
+        "same": {"cpu": here, "device": "cpu", "backend": "precompile", "python": platform.python_version(),
+                 "torch": torch.__version__},
+    })  # fmt: skip
+    assert loader._problems("fine", torch) == [] and loader._problems("same", torch) == []
+    (arch,) = loader._problems("elsewhere")
+    assert arch.startswith("was built for riscv64 CPUs")
+    if not torch.cuda.is_available():
+        assert loader._problems("gpu", torch)[0].endswith("sees no CUDA device")
+    (old,) = loader._problems("old", torch)
+    assert old.startswith("was precompiled with Python 3.0.0 and torch 1.0.0, and loads only there")
 
 
 QEMU = shutil.which("qemu-x86_64")

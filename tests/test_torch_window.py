@@ -226,14 +226,15 @@ def test_a_model_that_crashes_or_hangs_costs_itself_alone(tmp_path: Path, monkey
     import types
 
     from hatch_aoti.cli import window
+    from hatch_aoti.cli.target import CliError
 
     fake = tmp_path / "python"
     fake.write_text(
         '#!/bin/sh\ncase "$5" in\n  crash) echo "Segmentation fault" >&2; exit 139;;\n'
-        '  hang) exec sleep 30;;\n  *) echo \'{"torch": "2.14.1", "status": "pass", "reason": ""}\';;\nesac\n'
+        '  hang) sleep 30 & wait;;\n  *) echo \'{"torch": "2.14.1", "status": "pass", "reason": ""}\';;\nesac\n'
     )
     fake.chmod(0o755)
-    monkeypatch.setattr(window, "MODEL_TIMEOUT_S", 2)
+    monkeypatch.setenv("HATCH_AOTI_VERIFY_TIMEOUT", "2")
     target = types.SimpleNamespace(package="p", loader_name="compiled", models={"crash": {}, "hang": {}, "ok": {}})
     report = window.worker(fake, target, tmp_path)  # type: ignore[arg-type]
     assert report["torch"] == "2.14.1" and report["models"]["ok"]["status"] == "pass"
@@ -241,4 +242,7 @@ def test_a_model_that_crashes_or_hangs_costs_itself_alone(tmp_path: Path, monkey
         "status": "fails",
         "reason": "the check crashed (exit status 139): Segmentation fault",
     }
-    assert report["models"]["hang"]["reason"].startswith("did not finish in 2 s")
+    assert report["models"]["hang"]["reason"].startswith("did not finish in 2 s"), "its sleeping child too"
+    monkeypatch.setenv("HATCH_AOTI_VERIFY_TIMEOUT", "soon")
+    with pytest.raises(CliError, match="HATCH_AOTI_VERIFY_TIMEOUT must be a whole number"):
+        window.model_timeout()

@@ -36,7 +36,7 @@ class AotiBackend(Backend):
 #:   includes the build's paths.
 #: ``inductor-configs`` can change any of them.
 #: ``weights = "mapped"`` (CPU models): the weights stay out of the library, in a file the
-#: loader maps instead of copying (see ``artifacts.py``).
+#: loader maps instead of copying (see ``pt2.py``).
 MAPPED_WEIGHTS: dict[str, Any] = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",

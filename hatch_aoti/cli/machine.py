@@ -35,13 +35,17 @@ def torch_problem(target: Target) -> str | None:
 
 
 def problems(target: Target, name: str) -> list[str]:
-    """Everything that stops the model from running here, before anything is loaded: this environment's
-    torch against the wheel's requirement, then what the generated loader itself checks (the CPU, the
-    device, a precompiled model's Python and torch), asked of the target's own loader."""
-    found = [p for p in [torch_problem(target)] if p]
-    ask = getattr(target.loader(), "_problems", None)  # a loader of hatch-aoti before 0.2 does not say
+    """Everything that stops the model from running here, before it is loaded: this environment's torch
+    against the wheel's requirement, then what the generated loader itself checks (the CPU, the device,
+    a precompiled model's Python and torch), asked of the target's own loader (which imports only
+    torch, and that for CUDA models alone)."""
+    torch_issue = torch_problem(target)
+    found = [torch_issue] if torch_issue else []
     try:
-        found += ask(name) if ask is not None else []
-    except ImportError:  # no torch to ask about the GPU: the torch problem says so
-        pass
+        found += target.loader()._problems(name)
+    except ImportError as exc:
+        if not torch_issue:  # no torch to ask about the GPU: the torch problem says so already
+            found.append(f"the loader cannot tell: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        found.append(f"the loader cannot be imported or asked: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     return found

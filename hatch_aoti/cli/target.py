@@ -267,12 +267,11 @@ def installed_dist(top: str, package_dir: Path) -> Dist:
 def _target(
     kind: str, where: str, package_dir: Path, dist: Dist, *, import_root: Path | None = None, package: str = ""
 ) -> Target:
-    """``package`` defaults to the manifest's, or else to the package's path in the extracted wheel."""
+    """``package`` defaults to the manifest's."""
     try:
         manifest: dict[str, Any] = dict(read_manifest(package_dir))
     except ValueError as exc:
         raise CliError(f"{where}: {exc}") from None
-    if not package:
-        package = manifest.get("package") or ".".join(package_dir.relative_to(import_root or package_dir).parts)
-    loader = manifest["loader"]
-    return Target(kind, where, package, loader, package_dir, manifest, dist, import_root)
+    return Target(
+        kind, where, package or manifest["package"], manifest["loader"], package_dir, manifest, dist, import_root
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,9 +100,18 @@ def install(python: Path, args: list[str], reinstall: bool = False) -> None:
         _run([str(python), "-m", "pip", "install", "--quiet", *(["--force-reinstall"] if reinstall else []), *args])
 
 
-#: How long one model's check may take in another release's environment: loading, then eager and
-#: compiled on every case.
-MODEL_TIMEOUT_S = int(os.environ.get("HATCH_AOTI_VERIFY_TIMEOUT", "900"))
+#: How long one model's check may take in another release's environment (loading, then eager and
+#: compiled on every case), in seconds: ``HATCH_AOTI_VERIFY_TIMEOUT``.
+DEFAULT_TIMEOUT_S = 900
+
+
+def model_timeout() -> int:
+    raw = os.environ.get("HATCH_AOTI_VERIFY_TIMEOUT", "")
+    if not raw.strip():
+        return DEFAULT_TIMEOUT_S
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise CliError(f"HATCH_AOTI_VERIFY_TIMEOUT must be a whole number of seconds >= 1, not {raw!r}")
+    return int(raw)
 
 
 def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
@@ -123,21 +133,23 @@ def worker(python: Path, target: Target, tmp: Path) -> dict[str, Any]:
 
 
 def _check(python: Path, target: Target, name: str, env: dict[str, str], tmp: Path) -> dict[str, Any]:
+    """One model's check in a process group of its own: a hang ends with everything it started."""
     command = [str(python), "-m", "hatch_aoti.cli.window_worker", target.package, target.loader_name, name]
+    limit = model_timeout()
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp, start_new_session=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"status": "fails", "reason": f"did not finish in {limit} s (HATCH_AOTI_VERIFY_TIMEOUT)"}
     try:
-        proc = subprocess.run(
-            command, capture_output=True, text=True, env=env, cwd=tmp, check=False, timeout=MODEL_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "fails", "reason": f"did not finish in {MODEL_TIMEOUT_S} s (HATCH_AOTI_VERIFY_TIMEOUT)"}
-    try:
-        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return found
     except (IndexError, ValueError):
-        return {
-            "status": "fails",
-            "reason": f"the check crashed (exit status {proc.returncode}): {_last_line(proc.stderr)}",
-        }
+        return {"status": "fails", "reason": f"the check crashed (exit status {proc.returncode}): {_last_line(err)}"}
 
 
 def narrowest(versions: list[str]) -> str:

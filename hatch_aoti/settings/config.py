@@ -558,8 +558,8 @@ class Table:
     )
     loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled", check=_module_name)
     torch_requirement: str | None = key(
-        "`Requires-Dist` written for torch (setuptools; with hatchling, state torch in `[project] dependencies`); "
-        "must allow the torch that builds the wheel",
+        "`Requires-Dist` written for torch (setuptools, where `[project] dynamic` lists `dependencies`; otherwise "
+        "state torch in `[project] dependencies`); must allow the torch that builds the wheel",
         shown="`torch==X.Y.*` of the build torch",
         check=_torch_requirement,
     )
@@ -607,10 +607,6 @@ class ModelSpec:
     weights: str = "auto"
     path: str = ""
     """Full TOML path of the model's table, for messages."""
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-safe form for the build's child processes."""
-        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

@@ -1,9 +1,9 @@
 """The coordinator: the one process of a build that imports torch and the project's models.
 
-Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``pipeline.py``):
+Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``build/pipeline.py``):
 1. check every model before anything is exported; any problem ends the build, all of them listed;
 2. export each model and key it from the exported program; cache hits go straight to the staged package;
-3. compile the misses: one share here, the others in compile helpers started for them (``pool.py``);
+3. compile the misses: one share here, the others in compile helpers started for them (``helpers.py``);
 4. verify each compiled model against eager through the staged loader, and cache it once it passes;
 5. a model that fails never stops the others; the last event says which built and which failed.
 """
