@@ -43,7 +43,8 @@ class Task:
     """A saved ExportedProgram (``torch.export.save``)."""
     out: str
     """Directory that receives the unpacked artifact."""
-    configs: dict[str, Any]
+    inductor_configs: dict[str, Any]
+    """What the backend's ``settings`` gave for the model (the manifest's ``inductor_configs``)."""
     modules: list[str]
     """Modules to import first (custom ops register there)."""
 

@@ -98,12 +98,12 @@ class Coordinator:
         cpu = resolve(spec.cpu_target)
         if spec.weights == "auto":
             spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
-        settings = backend.settings(model.user_configs, cpu, spec)
+        inductor_configs = backend.settings(model.user_configs, cpu, spec)
         key = ""
         if self.cache is not None:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
             names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
-            key = cache_key(exported, spec, model.plan, settings, {**backend.key(), **names})
+            key = cache_key(exported, spec, model.plan, inductor_configs, {**backend.key(), **names})
         try:
             record = self.look_up(spec.name, key)
         except NoSpace as exc:
@@ -127,7 +127,7 @@ class Coordinator:
             "device": spec.device,
             "inputs": model.plan.description,
             "dynamic": dynamic_info(model.plan),
-            "inductor_configs": settings,
+            "inductor_configs": inductor_configs,
             "cpu": {"target": cpu.name, "arch": cpu.arch, "features": list(cpu.features)},
         }
         return Miss(model, exported, key, entry, backend)

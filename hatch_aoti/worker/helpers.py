@@ -111,7 +111,7 @@ def run(job: HelperJob, parent: Parent) -> int:
                 importlib.import_module(module)
             exported = torch.export.load(task.program)
             files = backend.compile(
-                backends.Request(task.model, exported, task.configs, Path(task.out), Path(job.work))
+                backends.Request(task.model, exported, task.inductor_configs, Path(task.out), Path(job.work))
             )
         except Exception as exc:
             parent.emit(protocol.Failed(task.model, "compile", _why(task, exc, Path(job.work))))
