@@ -95,18 +95,8 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
     import torch
 
     path = f"{spec.path}.factory"
-    try:
-        factory = pkgutil.resolve_name(spec.factory)
-    except Exception as exc:
-        problems.append((path, f"cannot import {spec.factory!r}: {short_exception(exc)}"))
-        return None
-    if not callable(factory):
-        problems.append((path, f"{spec.factory!r} is a {type(factory).__name__}, not a callable"))
-        return None
-    try:
-        module = factory()
-    except Exception as exc:
-        problems.append((path, f"calling {spec.factory!r} failed: {short_exception(exc)}"))
+    called, module = _call(spec.factory, path, problems)
+    if not called:
         return None
     if not isinstance(module, torch.nn.Module):
         problems.append((path, f"{spec.factory!r} returned {type(module).__name__}, not a torch.nn.Module"))
@@ -118,6 +108,23 @@ def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
         return None
 
 
+def _call(entry_point: str, path: str, problems: list[Problem]) -> tuple[bool, Any]:
+    """Import ``module:attr`` and call it: (True, what it returned), or (False, None) with the problem."""
+    try:
+        target = pkgutil.resolve_name(entry_point)
+    except Exception as exc:
+        problems.append((path, f"cannot import {entry_point!r}: {short_exception(exc)}"))
+        return False, None
+    if not callable(target):
+        problems.append((path, f"{entry_point!r} is a {type(target).__name__}, not a callable"))
+        return False, None
+    try:
+        return True, target()
+    except Exception as exc:
+        problems.append((path, f"calling {entry_point!r} failed: {short_exception(exc)}"))
+        return False, None
+
+
 def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Callable[[ModelSpec], Any] | None:
     """A function from the model's spec to its input plan; for ``example-inputs``, the samples are made once."""
     from hatch_aoti.worker import inputs
@@ -125,18 +132,8 @@ def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Cal
     if spec.example_inputs is None:
         return lambda spec: inputs.plan_declared(spec, params)
     key = f"{spec.path}.example-inputs"
-    try:
-        make = pkgutil.resolve_name(spec.example_inputs)
-    except Exception as exc:
-        problems.append((key, f"cannot import {spec.example_inputs!r}: {short_exception(exc)}"))
-        return None
-    if not callable(make):
-        problems.append((key, f"{spec.example_inputs!r} is not callable"))
-        return None
-    try:
-        returned = make()
-    except Exception as exc:
-        problems.append((key, f"calling {spec.example_inputs!r} failed: {short_exception(exc)}"))
+    called, returned = _call(spec.example_inputs, key, problems)
+    if not called:
         return None
     try:
         samples = inputs.normalise_samples(returned)
