@@ -47,17 +47,17 @@ def _sizes_of(entry: dict[str, Any], shapes: list[list[int]]) -> dict[str, int] 
 
 
 def _tried(entry: dict[str, Any]) -> list[Case]:
-    found = []
+    found, roots = [], set(dims(entry))
     for tried in entry.get("verification", {}).get("tried", []):
         sizes = _sizes_of(entry, tried.get("shapes", []))
-        if sizes is not None and set(sizes) == set(dims(entry)):
+        if sizes is not None and set(sizes) == roots:
             found.append(Case(tried["inputs"], sizes, tried.get("seed")))
     return found
 
 
-def example_sizes(entry: dict[str, Any]) -> dict[str, int]:
+def example_sizes(entry: dict[str, Any], tried: list[Case] | None = None) -> dict[str, int]:
     """The sizes the build verified as its first input set, where the report has them; else mid-range."""
-    tried = _tried(entry)
+    tried = _tried(entry) if tried is None else tried
     if tried:
         return tried[0].sizes
     return {name: lo if hi is None else (lo + hi) // 2 for name, (lo, hi) in dims(entry).items()}
@@ -69,7 +69,7 @@ def cases(entry: dict[str, Any], overrides: dict[str, int] | None = None) -> lis
     tried = _tried(entry)
     if tried and not overrides:
         return tried
-    example = {**example_sizes(entry), **(overrides or {})}
+    example = {**example_sizes(entry, tried), **(overrides or {})}
     found = [Case("example", example)]
     if overrides:
         return found
@@ -177,6 +177,14 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict
         if problems:
             result["error"] = "differs from eager: " + "; ".join(problems)
     return result
+
+
+def run_cases(entry: dict[str, Any], model: Any, module: Any) -> tuple[list[dict[str, Any]], str]:
+    """Every case of :func:`cases`, run by :func:`run_case`; and the first failure, as ``case: error``
+    (``""`` when none failed)."""
+    tried = [run_case(entry, model, module, case) for case in cases(entry)]
+    bad = [c for c in tried if "error" in c]
+    return tried, f"{bad[0]['case']}: {bad[0]['error']}" if bad else ""
 
 
 def first_line(message: object) -> str:

@@ -43,11 +43,8 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
         module = models.eager(target, name) if eager else None
     except models.Unavailable as exc:
         return {"status": "skipped" if exc.skipped else "failed", "reason": str(exc), "cases": []}
-    entry = target.model(name)
-    tried = [calls.run_case(entry, model, module, case) for case in calls.cases(entry)]
-    bad = [c for c in tried if "error" in c]
-    reason = f"{bad[0]['case']}: {bad[0]['error']}" if bad else ""
-    return {"status": "failed" if bad else "ok", "reason": reason, "cases": tried}
+    tried, reason = calls.run_cases(target.model(name), model, module)
+    return {"status": "failed" if reason else "ok", "reason": reason, "cases": tried}
 
 
 def inputs_of(cases: list[dict[str, Any]]) -> str:

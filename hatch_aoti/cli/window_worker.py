@@ -30,13 +30,8 @@ def check(loader: Any, name: str) -> dict[str, Any]:
         module = pkgutil.resolve_name(entry["factory"])().to(entry["device"]).eval()
     except Exception as exc:
         return {"status": "fails", "reason": f"the eager model: {type(exc).__name__}: {calls.first_line(exc)}"}
-    cases = [calls.run_case(entry, model, module, case) for case in calls.cases(entry)]
-    bad = [c for c in cases if "error" in c]
-    return {
-        "status": "mismatch" if bad else "pass",
-        "reason": f"{bad[0]['case']}: {bad[0]['error']}" if bad else "",
-        "cases": cases,
-    }
+    cases, reason = calls.run_cases(entry, model, module)
+    return {"status": "mismatch" if reason else "pass", "reason": reason, "cases": cases}
 
 
 def main(package: str, loader_name: str, name: str) -> None:
