@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${HATCH_AOTI_LINT_VENV:-.venv-lint}
 if [ ! -x "$VENV/bin/mypy" ] || [ -n "${CI:-}" ]; then
   "$PYTHON" -m venv --clear "$VENV"
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[lint]"
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[lint,s3]"
 fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -365,3 +365,62 @@ def setuptools_dists(setuptools_project: Path, build_env: dict[str, str]) -> tup
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
     return sdist, wheel, proc.stdout + proc.stderr
+
+
+# -- a real S3 API on loopback (moto's server), for the compile cache's remote tier ------------
+
+
+@dataclass
+class S3:
+    """moto's S3 server on 127.0.0.1; :meth:`bucket` makes an empty bucket for one test."""
+
+    endpoint: str
+    env: dict[str, str]
+    counter: Iterator[int]
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+
+    def bucket(self) -> str:
+        name = f"cache-{next(self.counter)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3]:
+    pytest.importorskip("s3fs")
+    import itertools
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_CONFIG_FILE": os.devnull,  # nothing of this machine's own AWS setup
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    try:
+        yield S3(endpoint, env, itertools.count())
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def s3(s3_server: S3, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """The S3 server, with this process's AWS settings pointing at it for the test."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return s3_server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import tempfile
@@ -11,8 +12,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Runtime, build_no_isolation, debug_sections, write_project
+from conftest import S3, Runtime, build_no_isolation, debug_sections, write_project
 
+from hatch_aoti.build.artifacts import sha256
 from hatch_aoti.store import cache as cache_mod
 from hatch_aoti.store.cache import CompileCache
 
@@ -142,7 +144,7 @@ def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp
         {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, 3]}]}}}, machine="x86_64", flags=set()
     ).models
     model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
-    job = Job([spec], str(tmp_path), "compiled", "p", [], str(tmp_path), None, None, 1)
+    job = Job([spec], str(tmp_path), "compiled", "p", [], str(tmp_path), None, None, None, 1)
     events = []
     parent = type("Parent", (), {"emit": lambda self, event: events.append(event)})()
     miss = Coordinator(job, parent).export_and_look_up(model)
@@ -166,7 +168,7 @@ def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_th
         (spec,) = parse_settings(table, machine="x86_64", flags=set()).models
         torch.manual_seed(0)
         model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
-        job = Job([spec], str(tmp_path), loader, "p", [], str(tmp_path), str(tmp_path / "cache"), 2**30, 1)
+        job = Job([spec], str(tmp_path), loader, "p", [], str(tmp_path), str(tmp_path / "cache"), 2**30, None, 1)
         return Coordinator(job, parent).export_and_look_up(model).key
 
     assert key("aoti") == key("aoti", loader="aot") == key("aoti", factory="c:d")
@@ -283,11 +285,11 @@ def cached_builds(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: 
     monkeypatch_module.delenv("HATCH_AOTI_NO_CACHE", raising=False)
     counter = iter(range(1000))
 
-    def build(**changes) -> tuple[str, Path]:
+    def build(env: dict[str, str] | None = None, **changes) -> tuple[str, Path]:
         values = {**BASE, **changes}
         root = tmp_path_factory.mktemp("cacheproj") / f"p{next(counter)}"
         write_project(root, "cachepkg", HOOK.format(**values), {"models.py": MODELS.format(**values)})
-        proc = build_no_isolation(root, root / "dist")
+        proc = build_no_isolation(root, root / "dist", env={**os.environ, **(env or {})})
         (wheel,) = (root / "dist").glob("*.whl")
         return proc.stdout + proc.stderr, wheel
 
@@ -320,34 +322,69 @@ def wheel_matches_eager(runtime: Runtime, wheel: Path, tmp_path: Path) -> float:
 
 
 @pytest.mark.integration
-def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime, tmp_path: Path) -> None:
-    """Real rebuilds: no change hits; damage and new settings miss and ship the new model.
+def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime, tmp_path: Path, s3: S3) -> None:
+    """Real rebuilds, with the remote tier on S3 (moto's server): no change hits, locally or from the
+    remote tier on a machine with an empty cache; damage and new settings miss and ship the new model;
+    a damaged remote entry and a store that is down never fail a build nor reach a wheel.
 
     That changes of weights, code or inputs change the key is unit-tested (test_keys.py), without compiling.
     """
     build, cache_dir = cached_builds
-    first, cold = build()
-    assert "aoti: net: compiled in" in first
-    again, wheel = build()
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/fleet"
+    fleet = {**s3.env, "HATCH_AOTI_REMOTE_CACHE": url}
+    first, cold = build(fleet)
+    assert "aoti: net: compiled in" in first and f"remote cache: {url} (read-write)" in first
+    uploaded = bucket_objects(s3, bucket)
+    assert len([k for k in uploaded if "/entries/" in k]) == 1, "compiled and verified here, then uploaded"
+    again, wheel = build(fleet)
     assert "aoti: net: from cache in" in again and "compiled in" not in again
     assert wheel.read_bytes() == cold.read_bytes(), "a wheel from the cache is the wheel that was compiled"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "same") < 1e-6
 
+    shared = tmp_path / "shared"  # the same objects in a shared directory: a file:// store
+    for name in uploaded:
+        (shared / name).parent.mkdir(parents=True, exist_ok=True)
+        s3.client().download_file(bucket, name, str(shared / name))
+    for label, env in (("s3", fleet), ("file", {"HATCH_AOTI_REMOTE_CACHE": (shared / "fleet").as_uri()})):
+        output, wheel = build({**env, "HATCH_AOTI_CACHE_DIR": str(tmp_path / f"empty-{label}")})
+        assert "aoti: net: from the remote cache in" in output and "compiled in" not in output, output
+        assert wheel.read_bytes() == cold.read_bytes(), f"a wheel from the {label} remote tier is the compiled one"
+    assert bucket_objects(s3, bucket) == uploaded, "a hit writes nothing"
+
     (library,) = (cache_dir / "v2" / "entries").rglob("*.so")
+    blob = f"fleet/v2/blobs/{sha256(library)[:2]}/{sha256(library)}"
     with library.open("r+b") as f:
         f.truncate(100)
-    output, wheel = build()
+    s3.client().put_object(Bucket=bucket, Key=blob, Body=library.read_bytes())  # damaged remotely too
+    damaged = bucket_objects(s3, bucket)
+    output, wheel = build({**fleet, "HATCH_AOTI_REMOTE_CACHE_MODE": "read-only"})
     assert "aoti: net: compiled in" in output, "a damaged entry is rebuilt, never shipped"
+    assert "the remote compile cache's entry is damaged" in output and "does not match its digest" in output
+    assert bucket_objects(s3, bucket) == damaged, "a read-only build writes nothing"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "rebuilt") < 1e-6
     (rebuilt,) = (cache_dir / "v2" / "entries").rglob("*.so")
     assert os.path.getsize(rebuilt) > 100
 
-    output, wheel = build(configs='"aot_inductor.enable_line_tables" = true')
+    down = {**fleet, "AWS_ENDPOINT_URL": closed_port(), "HATCH_AOTI_REMOTE_CACHE_TIMEOUT": "5"}
+    output, wheel = build(down, configs='"aot_inductor.enable_line_tables" = true')
     assert "aoti: net: compiled in" in output, "a change of settings must miss the cache"
+    assert output.count(f"the remote compile cache at {url} failed") == 1, "a store that is down: said once"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "configs") < 1e-6, "the wheel holds the new model"
     assert debug_sections_in(wheel, tmp_path / "lines"), "the user's setting wins over hatch-aoti's default"
     records = [json.loads(p.read_text()) for p in (cache_dir / "v2" / "entries").rglob("entry.json")]
     assert len(records) == 2 and all(r["entry"]["verification"]["passed"] for r in records)
+
+
+def bucket_objects(s3: S3, bucket: str) -> dict[str, str]:
+    """Each object's key and ETag: what changes if anything is written."""
+    listing = s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    return {o["Key"]: o["ETag"] for o in listing}
+
+
+def closed_port() -> str:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def debug_sections_in(wheel: Path, dest: Path) -> list[str]:

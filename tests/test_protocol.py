@@ -15,6 +15,7 @@ from hatch_aoti.build.children import Child, watch
 from hatch_aoti.build.pipeline import BuildFailed, Coordination, Reporter
 from hatch_aoti.build.protocol import HelperJob, Task
 from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.store.remote import Remote
 from hatch_aoti.worker.helpers import Helpers, shares
 
 FAKES = [sys.executable, str(Path(__file__).with_name("fakes.py"))]
@@ -86,7 +87,7 @@ def coordination(tmp_path: Path, events: list[dict], end: str = "exit") -> Coord
     )
     lines: list[str] = []
     os.environ["HATCH_AOTI_FAKE"] = json.dumps({"events": events, "end": end})
-    job = protocol.Job(list(settings.models), str(tmp_path), "compiled", "pkg", [], str(tmp_path), None, None, 1)
+    job = protocol.Job(list(settings.models), str(tmp_path), "compiled", "pkg", [], str(tmp_path), None, None, None, 1)
     return Coordination(
         job, tmp_path, settings, Reporter(lines.append, lines.append, lines.append), argv=[*FAKES, "coordinator"]
     )
@@ -191,7 +192,18 @@ def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None
     settings = parse_settings(
         {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2]}]}}}, machine="x86_64", flags=set()
     )
-    job = protocol.Job(list(settings.models), "stage", "compiled", "pkg", ["src"], "/p", None, None, 2)
+    job = protocol.Job(
+        list(settings.models),
+        "stage",
+        "compiled",
+        "pkg",
+        ["src"],
+        "/p",
+        None,
+        None,
+        Remote("s3://b/p", "read-only", 5.0),
+        2,
+    )
     write_job(job, tmp_path / "job.json")
     assert read_job(protocol.Job, tmp_path / "job.json") == job
     helper = HelperJob([Task("m", "aoti", "p.pt2", "out", {"a": 1}, ["pkg.models"])], "work", [], "/p", "/cache")

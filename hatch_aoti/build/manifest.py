@@ -84,7 +84,7 @@ def problem(manifest: Any) -> str | None:
     if manifest.get("format") != MANIFEST_FORMAT:
         return f"is of format {manifest.get('format')!r}; this hatch-aoti reads format {MANIFEST_FORMAT}"
     for name, entry in manifest["models"].items():
-        reason = _entry_problem(entry)
+        reason = entry_problem(entry)
         if reason is not None:
             return f"model {name!r}: {reason}"
     for key, kind in TOP_KEYS.items():
@@ -93,7 +93,8 @@ def problem(manifest: Any) -> str | None:
     return None
 
 
-def _entry_problem(entry: Any) -> str | None:
+def entry_problem(entry: Any) -> str | None:
+    """What makes one model's entry unusable, or ``None`` (the remote cache checks the entries it is sent)."""
     if not isinstance(entry, dict):
         return "not a table"
     for table, keys, label in ((entry, ENTRY_KEYS, ""), (entry.get("cpu"), CPU_KEYS, "cpu.")):

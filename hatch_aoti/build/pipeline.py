@@ -25,6 +25,7 @@ from hatch_aoti.build import protocol
 from hatch_aoti.build.children import Child, watch
 from hatch_aoti.settings.config import ConfigError, Settings
 from hatch_aoti.store.owned import OwnedDir, sweep
+from hatch_aoti.store.remote import Remote
 
 ENV_JOBS = "HATCH_AOTI_JOBS"
 
@@ -102,8 +103,11 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     pins = wheel_pins(settings, torch_version)
     jobs = jobs_from_env()
     cache = usable_cache(report)
+    remote = remote_cache()
     count = len(settings.models)
     where = f"cache: {cache.root}" if cache else "cache disabled"
+    if remote is not None:
+        where += f"; remote cache: {remote.describe()}"
     report.info(f"aoti: building {count} model{'s' if count != 1 else ''} with AOTInductor ({where})")
     preparing = threading.Thread(target=tagging.prepare, name="hatch-aoti-tagging", daemon=True)
     preparing.start()  # loads the tagging tables while the coordinator works
@@ -116,6 +120,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
         cwd=str(project.root),
         cache=str(cache.root) if cache else None,
         cache_max_size=cache.max_size if cache else None,
+        remote=remote,
         jobs=jobs,
     )
     Coordination(job, stage, settings, report).run()
@@ -273,6 +278,18 @@ def jobs_from_env() -> int:
         return os.cpu_count() or 1
 
 
+def remote_cache() -> Remote | None:
+    """The remote tier the environment names (none while the cache is disabled); a bad setting fails the build."""
+    from hatch_aoti.store import cache, remote
+
+    if cache.disabled():
+        return None
+    try:
+        return remote.from_env()
+    except ValueError as exc:
+        raise BuildFailed(str(exc)) from None
+
+
 def usable_cache(report: Reporter) -> Any:
     """The compile cache, or ``None`` if disabled or not to be trusted (with a warning)."""
     from hatch_aoti.store import cache
@@ -359,9 +376,10 @@ class Coordination:
         match event:
             case protocol.Stage(model, stage):
                 self.doing = f"{_DOING[stage]} model {model!r}"
-            case protocol.Cached(model, seconds, check):
+            case protocol.Cached(model, seconds, check, tier):
                 self.built.add(model)
-                self.report.success(f"aoti: {model}: from cache in {seconds:.1f}s, {check}")
+                where = "the remote cache" if tier == "remote" else "cache"
+                self.report.success(f"aoti: {model}: from {where} in {seconds:.1f}s, {check}")
             case protocol.Built(model, seconds, check):
                 self.built.add(model)
                 self.report.success(f"aoti: {model}: compiled in {seconds:.1f}s, {check}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.store.remote import Remote
 
 # -- jobs ----------------------------------------------------------------------------------
 
@@ -30,6 +31,8 @@ class Job:
     cwd: str
     cache: str | None
     cache_max_size: int | None
+    remote: Remote | None
+    """The compile cache's remote tier, if the environment names one."""
     jobs: int
 
 
@@ -71,6 +74,7 @@ def read_job(kind: type[AnyJob], path: Path) -> AnyJob:
     data = json.loads(path.read_text(encoding="utf-8"))
     if kind is Job:
         data["models"] = [ModelSpec.from_json(m) for m in data["models"]]
+        data["remote"] = Remote(**data["remote"]) if data["remote"] is not None else None
     else:
         data["tasks"] = [Task(**t) for t in data["tasks"]]
     return kind(**data)
@@ -89,11 +93,12 @@ class Stage:
 
 @dataclass(frozen=True)
 class Cached:
-    """A model came from the compile cache."""
+    """A model came from the compile cache: its ``tier``, ``local`` or ``remote``."""
 
     model: str
     seconds: float
     check: str
+    tier: str = "local"
 
 
 @dataclass(frozen=True)

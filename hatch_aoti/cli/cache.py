@@ -10,7 +10,7 @@ from typing import Any
 
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import CliError
-from hatch_aoti.store import cache
+from hatch_aoti.store import cache, remote
 
 
 def store(max_size: str | None = None) -> cache.CompileCache:
@@ -43,6 +43,7 @@ def info(out: Output) -> int:
         "size": sum(e["size"] for e in entries),
         "entries": entries,
         "bytecode": {"path": str(compile_cache.root / cache.BYTECODE_DIR), **bytecode},
+        "remote": remote_info(),
     }
     out.data(data)
     if out.json:
@@ -61,7 +62,41 @@ def info(out: Output) -> int:
         f"bytecode store: {data['bytecode']['path']}, {bytecode['files']} files, {human_size(bytecode['size'])} "
         "(delete it at any time)"
     )
+    _print_remote(out, data["remote"])
     return 0
+
+
+def remote_info() -> dict[str, Any] | None:
+    """The remote tier builds here use, and what it holds; ``None`` if the environment names none."""
+    try:
+        settings = remote.from_env()
+    except ValueError as exc:
+        return {"url": os.environ.get(remote.ENV_URL), "problem": str(exc)}
+    if settings is None:
+        return None
+    data: dict[str, Any] = {"url": settings.url, "mode": settings.mode, "timeout_s": settings.timeout}
+    try:
+        data["entries"], data["size"] = remote.RemoteCache(settings).usage()
+    except (remote.Fault, FileNotFoundError) as exc:
+        data["problem"] = f"cannot read it: {exc}"
+    if cache.disabled():
+        data["problem"] = f"builds do not use it: {cache.ENV_DISABLE} is set"
+    return data
+
+
+def _print_remote(out: Output, data: dict[str, Any] | None) -> None:
+    if data is None:
+        out.line(f"remote cache: none ({remote.ENV_URL} is not set)")
+        return
+    if "entries" in data:
+        out.line(
+            f"remote cache: {data['url']} ({data['mode']}), {data['entries']} entries, {human_size(data['size'])} "
+            "(eviction: the store's own lifecycle rules)"
+        )
+    else:
+        out.line(f"remote cache: {data['url']}")
+    if "problem" in data:
+        out.line(data["problem"], style="red")
 
 
 def prune(out: Output, max_size: str | None) -> int:

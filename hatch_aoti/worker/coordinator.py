@@ -48,14 +48,18 @@ class Coordinator:
     def __init__(self, job: Job, parent: Parent) -> None:
         from hatch_aoti.build.artifacts import ARTIFACT_DIR
         from hatch_aoti.store.cache import CompileCache
+        from hatch_aoti.store.remote import RemoteCache
+        from hatch_aoti.store.tiers import Tiers
 
         self.job, self.emit = job, parent.emit
         self.stage = Path(job.stage)
         self.package = self.stage / "package"
         self.artifacts = self.package / ARTIFACT_DIR
-        self.cache = None
+        local = None
         if job.cache is not None and job.cache_max_size is not None:
-            self.cache = CompileCache(Path(job.cache), job.cache_max_size)
+            local = CompileCache(Path(job.cache), job.cache_max_size)
+        remote = RemoteCache(job.remote) if job.remote is not None else None
+        self.cache = Tiers(local, remote, lambda message: self.emit(protocol.Notice(message)), self.stage / "downloads")
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.factories: dict[str, str] = {}
@@ -100,19 +104,20 @@ class Coordinator:
             spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
         inductor_configs = backend.settings(model.user_configs, cpu, spec)
         key = ""
-        if self.cache is not None:
+        if self.cache.enabled:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
             names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
             key = cache_key(exported, spec, model.plan, inductor_configs, {**backend.key(), **names})
         try:
-            record = self.look_up(spec.name, key)
+            found = self.cache.lookup(spec.name, key, self.artifacts / spec.name) if key else None
         except NoSpace as exc:
             self.fail(spec.name, "cache", str(exc))
             return None
-        if record is not None:
+        if found is not None:
+            record, tier = found
             self.entries[spec.name] = record["entry"]
             check = _summary(record["entry"]["verification"], record.get("errors"))
-            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check))
+            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
             return None
         try:
             call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
@@ -170,15 +175,6 @@ class Coordinator:
             )
         )
         return True
-
-    def look_up(self, name: str, key: str) -> dict[str, Any] | None:
-        if self.cache is None:
-            return None
-        try:
-            return self.cache.lookup(key, self.artifacts / name)
-        except OSError as exc:  # an unreadable cache is a miss, not a failed build
-            self.emit(protocol.Notice(f"{name}: could not read the compile cache ({exc})"))
-            return None
 
     # -- compile, verify, store -----------------------------------------------------------
 
@@ -286,15 +282,13 @@ class Coordinator:
         self.entries[miss.name] = entry
         seconds = outcome.seconds + time.perf_counter() - start
         self.emit(protocol.Built(miss.name, seconds, _summary(entry["verification"], errors)))
-        if self.cache is not None:
+        if self.cache.enabled:
             self.emit(protocol.Stage(miss.name, "store"))
             try:
-                self.cache.store(miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
+                self.cache.store(miss.name, miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
             except NoSpace as exc:
                 del self.entries[miss.name]
                 self.fail(miss.name, "cache", str(exc))
-            except OSError as exc:  # a read-only cache must not fail the build
-                self.emit(protocol.Notice(f"{miss.name}: could not write the compile cache ({exc})"))
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
         from hatch_aoti.worker.verify import VerificationFailed, verify_model
