@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${HATCH_AOTI_LINT_VENV:-.venv-lint}
-if [ ! -x "$VENV/bin/mypy" ] || [ -n "${CI:-}" ]; then
+if [ -n "${HATCH_AOTI_LINT_IN:-}" ]; then
+  # An existing venv that has torch (the test venv, in CI): add the tools to it.
+  VENV=$HATCH_AOTI_LINT_IN
+  "$VENV/bin/python" -m pip install -q -e ".[lint,s3]"
+elif [ ! -x "$VENV/bin/mypy" ] || [ -n "${CI:-}" ]; then
   "$PYTHON" -m venv --clear "$VENV"
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[lint,s3]"
 fi

@@ -6,6 +6,7 @@ and every test that needs its wheel shares it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -378,10 +379,20 @@ class S3:
     env: dict[str, str]
     counter: Iterator[int]
 
-    def client(self):  # type: ignore[no-untyped-def]
+    @functools.cached_property
+    def _client(self):  # type: ignore[no-untyped-def]
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def client(self):  # type: ignore[no-untyped-def]
+        return self._client
 
     def bucket(self) -> str:
         name = f"cache-{next(self.counter)}"

@@ -57,10 +57,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
         yield Remote((tmp_path / "shared").as_uri(), timeout=10)
 
 
-def objects(remote: Remote) -> list[str]:
+def files_of(url: str):  # type: ignore[no-untyped-def]
+    """The test's own client of a store (and the path in it): one per store, never the build's."""
     from fsspec.core import url_to_fs
 
-    fs, root = url_to_fs(remote.url, skip_instance_cache=True)
+    fs, path = url_to_fs(url, use_listings_cache=False) if url.startswith("s3") else url_to_fs(url)
+    fs.invalidate_cache()
+    return fs, path
+
+
+def objects(remote: Remote) -> list[str]:
+    fs, root = files_of(remote.url)
     return sorted(p[len(root.rstrip("/")) + 1 :] for p in fs.find(root))
 
 
@@ -69,10 +76,13 @@ def blob_url(remote: Remote, digest: str) -> str:
 
 
 def overwrite(url: str, data: bytes) -> None:
-    import fsspec
+    fs, path = files_of(url)
+    fs.pipe_file(path, data)
 
-    with fsspec.open(url, "wb", skip_instance_cache=True) as f:
-        f.write(data)
+
+def remove(url: str) -> None:
+    fs, path = files_of(url)
+    fs.rm_file(path)
 
 
 # -- the protocol ------------------------------------------------------------------------
@@ -127,9 +137,7 @@ def test_a_damaged_object_is_never_taken(store: Remote, tmp_path: Path, damage: 
     RemoteCache(store).upload(KEY, art, record(art))
     digest = sha256(art / "m.so")
     if damage == "delete":
-        import fsspec
-
-        fsspec.core.url_to_fs(store.url, skip_instance_cache=True)[0].rm_file(blob_url(store, digest))
+        remove(blob_url(store, digest))
     else:
         overwrite(blob_url(store, digest), b"\x7fELF" + b"z" * 2000 if damage == "corrupt" else b"\x7fELF")
     (tmp_path / "out").mkdir()  # what the build staged before: kept until a whole entry arrives
@@ -143,9 +151,7 @@ def test_blobs_without_a_record_are_a_miss(store: Remote, tmp_path: Path) -> Non
     art = artifact(tmp_path / "art")
     client = RemoteCache(store)
     client.upload(KEY, art, record(art))
-    import fsspec
-
-    fsspec.core.url_to_fs(store.url, skip_instance_cache=True)[0].rm_file(f"{store.url}/v2/entries/ab/{KEY}.json")
+    remove(f"{store.url}/v2/entries/ab/{KEY}.json")
     assert RemoteCache(store).fetch(KEY, tmp_path / "out", tmp_path / "scratch") is None
 
 
@@ -192,10 +198,8 @@ def test_a_malformed_record_is_damage_never_a_failed_build(s3: S3, tmp_path: Pat
     art = artifact(tmp_path / "art")
     RemoteCache(remote).upload(KEY, art, record(art))
     url = f"{remote.url}/v2/entries/ab/{KEY}.json"
-    import fsspec
-
-    with fsspec.open(url, "rb", skip_instance_cache=True) as f:
-        good = json.load(f)
+    fs, path = files_of(url)
+    good = json.loads(fs.cat_file(path))
     overwrite(url, json.dumps({**good, **change}).encode())
     cache, notices = tiers(Remote(remote.url, "read-only", 5), None, tmp_path / "scratch")
     (tmp_path / "out").mkdir()
