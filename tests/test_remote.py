@@ -21,7 +21,13 @@ from hatch_aoti.store.remote import Damaged, Fault, Remote, RemoteCache
 from hatch_aoti.store.tiers import Tiers
 
 KEY = "ab" * 32
-ENTRY = {"call": [], "cpu": {"arch": "x86_64", "target": "native", "features": []}, "device": "cpu", "file": "m.so"}
+ENTRY = {
+    "backend": "aoti",
+    "call": [],
+    "cpu": {"arch": "x86_64", "target": "native", "features": []},
+    "device": "cpu",
+    "file": "m.so",
+}
 
 
 def artifact(root: Path, seed: bytes = b"a") -> Path:
@@ -91,12 +97,12 @@ def remove(url: str) -> None:
 def test_a_miss_then_an_upload_then_a_hit(store: Remote, tmp_path: Path) -> None:
     client = RemoteCache(store)
     art = artifact(tmp_path / "art")
-    assert client.fetch(KEY, tmp_path / "out", tmp_path / "scratch") is None
+    assert client.fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch") is None
     assert client.upload(KEY, art, record(art)) is True
     names = objects(store)
     assert f"v2/entries/ab/{KEY}.json" in names and len([n for n in names if "/blobs/" in n]) == 2
     assert not [n for n in names if n.endswith(".tmp")], "nothing is left aside"
-    got = RemoteCache(store).fetch(KEY, tmp_path / "new" / "out", tmp_path / "scratch")
+    got = RemoteCache(store).fetch(KEY, "aoti", tmp_path / "new" / "out", tmp_path / "scratch")
     assert got is not None and got["entry"] == record(art)["entry"] and got["key"] == KEY
     assert same_tree(art, tmp_path / "new" / "out")
 
@@ -125,7 +131,7 @@ def test_uploaders_of_one_key_both_succeed_and_the_first_record_stands(store: Re
     for thread in threads:
         thread.join(60)
     assert sorted(outcomes) == [False, True]
-    got = RemoteCache(store).fetch(KEY, tmp_path / "out", tmp_path / "scratch")
+    got = RemoteCache(store).fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch")
     assert got is not None
     assert [same_tree(art, tmp_path / "out") for art in arts].count(True) == 1
     assert got["files"] == file_hashes(tmp_path / "out", {})
@@ -142,17 +148,18 @@ def test_a_damaged_object_is_never_taken(store: Remote, tmp_path: Path, damage: 
         overwrite(blob_url(store, digest), b"\x7fELF" + b"z" * 2000 if damage == "corrupt" else b"\x7fELF")
     (tmp_path / "out").mkdir()  # what the build staged before: kept until a whole entry arrives
     with pytest.raises(Damaged, match="m.so"):
-        RemoteCache(store).fetch(KEY, tmp_path / "out", tmp_path / "scratch")
+        RemoteCache(store).fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch")
     assert (tmp_path / "out").is_dir() and not list((tmp_path / "scratch").iterdir()), "nothing half-fetched"
 
 
-def test_blobs_without_a_record_are_a_miss(store: Remote, tmp_path: Path) -> None:
+def test_blobs_without_a_record_are_a_miss(tmp_path: Path) -> None:
+    store = Remote((tmp_path / "shared").as_uri())
     """An upload cut short before its record: nothing a reader takes."""
     art = artifact(tmp_path / "art")
     client = RemoteCache(store)
     client.upload(KEY, art, record(art))
     remove(f"{store.url}/v2/entries/ab/{KEY}.json")
-    assert RemoteCache(store).fetch(KEY, tmp_path / "out", tmp_path / "scratch") is None
+    assert RemoteCache(store).fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch") is None
 
 
 @pytest.mark.parametrize(
@@ -171,39 +178,51 @@ def test_a_record_that_is_not_whole_or_reaches_outside_is_refused(tmp_path: Path
     art = artifact(tmp_path / "art")
     sizes = {rel: (art / rel).stat().st_size for rel in record(art)["files"]}
     good = {**record(art), "key": KEY, "sizes": sizes, "executable": ["m.so"]}
-    assert remote_mod.parse_record(json.dumps(good).encode(), KEY)["key"] == KEY
+    assert remote_mod.parse_record(json.dumps(good).encode(), KEY, "aoti")["key"] == KEY
     bad = {**good, **change}
     if "files" in change:
         bad["sizes"] = {rel: 1 for rel in change["files"]}
     with pytest.raises(Damaged):
-        remote_mod.parse_record(json.dumps(bad).encode(), KEY)
+        remote_mod.parse_record(json.dumps(bad).encode(), KEY, "aoti")
     with pytest.raises(Damaged, match="not JSON"):
-        remote_mod.parse_record(b"{", KEY)
+        remote_mod.parse_record(b"{", KEY, "aoti")
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"files": {}, "sizes": {}, "executable": []},
-        {"entry": {**ENTRY, "files": {}}},
-        {"errors": {"max_abs_err": "big"}},
-        {"executable": [[1]]},
-        {"sizes": {"m.so": True, "data/weights.bin": 1}},
-        {"files": {"data": "0" * 64, "data/x": "0" * 64}, "sizes": {"data": 1, "data/x": 1}},
-    ],
-    ids=["no files", "entry without verification", "bad errors", "unhashable", "bool size", "file in file"],
-)
-def test_a_malformed_record_is_damage_never_a_failed_build(s3: S3, tmp_path: Path, change: dict) -> None:
-    remote = Remote(f"s3://{s3.bucket()}/c", timeout=5)
+MALFORMED = {
+    "no files": lambda r: {"files": {}, "sizes": {}, "executable": []},
+    "no verification": lambda r: {"entry": {**r["entry"], "verification": {"passed": False}}},
+    "tried is not a list": lambda r: {"entry": {**r["entry"], "verification": {"passed": True, "tried": 5}}},
+    "no backend": lambda r: {"entry": {k: v for k, v in r["entry"].items() if k != "backend"}},
+    "another backend": lambda r: {"entry": {**r["entry"], "backend": "precompile"}},
+    "bad errors": lambda r: {"errors": {"max_abs_err": "big"}},
+    "unhashable": lambda r: {"executable": [[1]]},
+    "bool size": lambda r: {"sizes": {**r["sizes"], "m.so": True}},
+    "file in file": lambda r: naming(r, "a", "a/x"),
+    "not normalised": lambda r: naming(r, "a/", "a/x"),
+    "outside": lambda r: naming(r, "../x"),
+}
+
+
+def naming(record: dict, *names: str) -> dict:
+    """The record's changes that make it (and its manifest entry) name these files, of its own bytes."""
+    files = {name: next(iter(record["files"].values())) for name in names}
+    entry = {**record["entry"], "files": files}
+    return {"files": files, "sizes": dict.fromkeys(files, 1), "executable": [], "entry": entry}
+
+
+@pytest.mark.parametrize("change", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_record_is_damage_never_a_failed_build(tmp_path: Path, change) -> None:
+    """What is checked does not depend on the store: a shared directory stands for them all."""
+    remote = Remote((tmp_path / "shared").as_uri(), timeout=5)
     art = artifact(tmp_path / "art")
     RemoteCache(remote).upload(KEY, art, record(art))
     url = f"{remote.url}/v2/entries/ab/{KEY}.json"
     fs, path = files_of(url)
     good = json.loads(fs.cat_file(path))
-    overwrite(url, json.dumps({**good, **change}).encode())
+    overwrite(url, json.dumps({**good, **change(good)}).encode())
     cache, notices = tiers(Remote(remote.url, "read-only", 5), None, tmp_path / "scratch")
     (tmp_path / "out").mkdir()
-    assert cache.lookup("m", KEY, tmp_path / "out") is None
+    assert cache.lookup("m", KEY, "aoti", tmp_path / "out") is None
     assert len(notices) == 1 and "damaged: its record" in notices[0] and not cache.down
     assert not list((tmp_path / "out").iterdir()), "nothing of it was staged"
 
@@ -220,17 +239,16 @@ def tiers(remote: Remote | None, local: Path | None, scratch: Path) -> tuple[Tie
 def test_a_remote_hit_is_kept_locally_and_a_compiled_model_goes_to_both(store: Remote, tmp_path: Path) -> None:
     art = artifact(tmp_path / "art")
     first, notices = tiers(store, tmp_path / "local1", tmp_path / "scratch")
-    assert first.lookup("m", KEY, tmp_path / "out0") is None
+    assert first.lookup("m", KEY, "aoti", tmp_path / "out0") is None
     first.store("m", KEY, art, {"entry": record(art)["entry"], "errors": None})
     assert len(CompileCache(tmp_path / "local1").entries()) == 1 and f"v2/entries/ab/{KEY}.json" in objects(store)
 
     second, notices = tiers(store, tmp_path / "local2", tmp_path / "scratch")
-    found = second.lookup("m", KEY, tmp_path / "out")
+    found = second.lookup("m", KEY, "aoti", tmp_path / "out")
     assert found is not None and found[1] == "remote" and same_tree(art, tmp_path / "out")
     assert found[0]["entry"] == record(art)["entry"] and not notices
-    again = tiers(Remote("s3://nowhere", timeout=1), tmp_path / "local2", tmp_path / "scratch")[0].lookup(
-        "m", KEY, tmp_path / "out2"
-    )
+    nowhere = Remote((tmp_path / "empty").as_uri(), timeout=1)
+    again = tiers(nowhere, tmp_path / "local2", tmp_path / "scratch")[0].lookup("m", KEY, "aoti", tmp_path / "out2")
     assert again is not None and again[1] == "local", "the remote hit was kept in the local cache"
 
 
@@ -243,7 +261,7 @@ def test_read_only_reads_and_never_writes(store: Remote, tmp_path: Path) -> None
     RemoteCache(store).upload(KEY, art, record(art))
     overwrite(blob_url(store, sha256(art / "m.so")), b"bad")
     cache, notices = tiers(read_only, tmp_path / "local2", tmp_path / "scratch")
-    assert cache.lookup("m", KEY, tmp_path / "out") is None and not (tmp_path / "out").exists()
+    assert cache.lookup("m", KEY, "aoti", tmp_path / "out") is None and not (tmp_path / "out").exists()
     assert len(notices) == 1 and "damaged" in notices[0] and "compiling it here" in notices[0]
     assert f"v2/entries/ab/{KEY}.json" in objects(store), "read-only never removes"
 
@@ -256,9 +274,9 @@ def test_a_damaged_entry_is_replaced_by_the_next_upload_in_read_write(
     RemoteCache(store).upload(KEY, art, record(art))
     overwrite(blob_url(store, sha256(art / "m.so")), damage)
     cache, notices = tiers(store, None, tmp_path / "scratch")
-    assert cache.lookup("m", KEY, tmp_path / "out") is None and len(notices) == 1
+    assert cache.lookup("m", KEY, "aoti", tmp_path / "out") is None and len(notices) == 1
     cache.store("m", KEY, art, {"entry": record(art)["entry"], "errors": None})
-    found = tiers(store, None, tmp_path / "scratch")[0].lookup("m", KEY, tmp_path / "out")
+    found = tiers(store, None, tmp_path / "scratch")[0].lookup("m", KEY, "aoti", tmp_path / "out")
     assert found is not None and same_tree(art, tmp_path / "out"), "the recompiled model replaced it"
 
 
@@ -303,17 +321,18 @@ def test_a_store_that_is_down_or_silent_is_reported_once_and_not_asked_again(
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     art = artifact(tmp_path / "art")
     cache, notices = tiers(Remote("s3://cache-bucket/x", timeout=1), tmp_path / "local", tmp_path / "scratch")
-    assert cache.lookup("m", KEY, tmp_path / "out") is None
+    assert cache.lookup("m", KEY, "aoti", tmp_path / "out") is None
     assert len(notices) == 1 and "s3://cache-bucket/x failed" in notices[0]
     if server == "silent":
         assert "no answer within" in notices[0]
-    assert cache.lookup("n", "cd" * 32, tmp_path / "out2") is None
+    assert cache.lookup("n", "cd" * 32, "aoti", tmp_path / "out2") is None
     cache.store("m", KEY, art, {"entry": record(art)["entry"], "errors": None})
     assert len(notices) == 1, "said once"
     assert len(CompileCache(tmp_path / "local").entries()) == 1, "the local tier still works"
 
 
-def test_an_upload_cut_short_leaves_no_record(store: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_upload_cut_short_leaves_no_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Remote((tmp_path / "shared").as_uri())
     """The store goes away after the first file: the record, written last, is not there."""
     art = artifact(tmp_path / "art")
     client = RemoteCache(store)
@@ -329,7 +348,7 @@ def test_an_upload_cut_short_leaves_no_record(store: Remote, tmp_path: Path, mon
     cache.store("m", KEY, art, {"entry": record(art)["entry"], "errors": None})
     assert len(notices) == 1 and "went away" in notices[0] and sent
     assert [n for n in objects(store) if "/blobs/" in n] and not [n for n in objects(store) if "/entries/" in n]
-    assert RemoteCache(store).fetch(KEY, tmp_path / "out", tmp_path / "scratch") is None
+    assert RemoteCache(store).fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch") is None
 
 
 def test_a_race_the_store_reports_as_another_error_is_lost_not_a_fault(

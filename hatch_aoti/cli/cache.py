@@ -75,12 +75,13 @@ def remote_info() -> dict[str, Any] | None:
     if settings is None:
         return None
     data: dict[str, Any] = {"url": settings.url, "mode": settings.mode, "timeout_s": settings.timeout}
+    if cache.disabled():
+        data["problem"] = f"builds do not use it: {cache.ENV_DISABLE} is set"
+        return data
     try:
         data["entries"], data["size"] = remote.RemoteCache(settings).usage()
     except (remote.Fault, FileNotFoundError) as exc:
         data["problem"] = f"cannot read it: {exc}"
-    if cache.disabled():
-        data["problem"] = f"builds do not use it: {cache.ENV_DISABLE} is set"
     return data
 
 

@@ -64,12 +64,7 @@ class Fault(Exception):
 
 
 class Damaged(Exception):
-    """An entry that fails its checks: its model compiles here. ``blob`` names a file the store
-    holds damaged, when that is what failed."""
-
-    def __init__(self, message: str, blob: str | None = None) -> None:
-        super().__init__(message)
-        self.blob = blob
+    """An entry that fails its checks: its model compiles here."""
 
 
 def from_env(environ: dict[str, str] | None = None) -> Remote | None:
@@ -127,7 +122,8 @@ def storage_options(protocol: str, timeout: float) -> dict[str, Any]:
     bounds every protocol in any case."""
     if protocol in ("s3", "s3a"):
         retries = {"max_attempts": 3, "mode": "standard"}
-        return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout, "retries": retries}}
+        each = max(1.0, timeout / 3)  # room for the retries before the watchdog's deadline
+        return {"config_kwargs": {"connect_timeout": each, "read_timeout": each, "retries": retries}}
     if protocol in ("gs", "gcs"):
         return {"requests_timeout": timeout}
     return {}
@@ -140,6 +136,8 @@ class RemoteCache:
         self.remote = remote
         self._fs: Any = None
         self._base = ""
+        self._damaged: set[str] = set()
+        """Digests of files this build found damaged in the store: uploads send them again."""
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -169,7 +167,7 @@ class RemoteCache:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def fetch(self, key: str, dest: Path, scratch: Path) -> dict[str, Any] | None:
+    def fetch(self, key: str, backend: str, dest: Path, scratch: Path) -> dict[str, Any] | None:
         """The entry's record, its artifact checked and then renamed to ``dest``; ``None`` on a miss.
 
         Files arrive in a directory of their own under ``scratch`` (on ``dest``'s filesystem), so
@@ -181,10 +179,11 @@ class RemoteCache:
             raw = self._bounded(fs.cat_file, self._record_path(key))
         except FileNotFoundError:
             return None
-        record = parse_record(raw, key)
+        record = parse_record(raw, key, backend)
         sizes, executable = record.pop("sizes"), record.pop("executable")
         scratch.mkdir(parents=True, exist_ok=True)
         arriving = Path(tempfile.mkdtemp(prefix="remote-", dir=scratch))
+        arriving.chmod(0o755)  # as the directory a compile makes
         try:
             for rel, digest in record["files"].items():
                 self._download(arriving, rel, digest, sizes[rel])
@@ -199,21 +198,33 @@ class RemoteCache:
         return record
 
     def _download(self, directory: Path, rel: str, digest: str, size: int) -> None:
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
+        """One file, its size checked before it is fetched (which bounds the time allowed) and its digest after."""
+        fs, blob, target = self._connect()[0], self._blob_path(digest), directory / rel
         try:
-            self._bounded(self._connect()[0].get_file, self._blob_path(digest), str(target), size=size)
+            found = self._bounded(fs.info, blob).get("size")
         except FileNotFoundError:
             raise Damaged(f"its file {rel} is missing from the store") from None
+        if found != size:
+            self._damaged.add(digest)
+            raise Damaged(f"its file {rel} has {found} bytes, not {size}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._bounded(fs.get_file, blob, str(target), size=size)
+        except FileNotFoundError:
+            raise Damaged(f"its file {rel} is missing from the store") from None
+        except Fault as exc:
+            if exc.__cause__ is not None and out_of_space(exc.__cause__):
+                raise exc.__cause__ from None  # this machine's disk, not the store
+            raise
         if sha256(target) != digest:
-            raise Damaged(f"its file {rel} does not match its digest", blob=digest)
+            self._damaged.add(digest)
+            raise Damaged(f"its file {rel} does not match its digest")
 
-    def discard(self, key: str, blob: str | None = None) -> None:
-        """Remove a damaged entry's record (and the damaged file), so that the next upload replaces them."""
+    def discard(self, key: str) -> None:
+        """Remove a damaged entry's record, so that the next upload of its key replaces it."""
         fs = self._connect()[0]
-        for path in (self._record_path(key), *([self._blob_path(blob)] if blob else [])):
-            with contextlib.suppress(FileNotFoundError):
-                self._bounded(fs.rm_file, path)
+        with contextlib.suppress(FileNotFoundError):
+            self._bounded(fs.rm_file, self._record_path(key))
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -231,10 +242,11 @@ class RemoteCache:
         return self._create(path, json.dumps(full, indent=1, sort_keys=True).encode())
 
     def _put_blob(self, path: Path, digest: str, size: int) -> None:
-        """Upload a file unless the store has it; an object store's PUT is whole or nothing."""
+        """Upload a file unless the store has it (and it was not found damaged); an object store's PUT is
+        whole or nothing."""
         fs, blob = self._connect()[0], self._blob_path(digest)
         with contextlib.suppress(FileNotFoundError):
-            if self._bounded(fs.info, blob)["size"] == size:
+            if digest not in self._damaged and self._bounded(fs.info, blob)["size"] == size:
                 return
         if self._local:
             self._bounded(_place, path, Path(blob), size=size)
@@ -290,21 +302,21 @@ class RemoteCache:
         ok, value = result[0]
         if ok:
             return value
-        if isinstance(value, (FileNotFoundError, FileExistsError, Fault)) or out_of_space(value):
-            raise value  # a full disk here is this machine's, not the store's
+        if isinstance(value, (FileNotFoundError, FileExistsError, Fault)):
+            raise value
         raise Fault(f"{type(value).__name__}: {value}") from value
 
 
-def parse_record(raw: bytes, key: str) -> dict[str, Any]:
-    """A record read from the store, checked: :class:`Damaged` unless it is whole, for ``key``,
-    names only files inside the artifact, and holds an entry the build can use."""
+def parse_record(raw: bytes, key: str, backend: str) -> dict[str, Any]:
+    """A record read from the store, checked: :class:`Damaged` unless it is whole, for ``key`` and
+    ``backend``, names only files inside the artifact, and holds an entry the build can use."""
     try:
         record = json.loads(raw)
     except ValueError:
         raise Damaged("its record is not JSON") from None
     if not isinstance(record, dict) or record.get("key") != key:
         raise Damaged("its record is for another key")
-    problem = _files_problem(record) or _entry_problem(record)
+    problem = _files_problem(record) or _entry_problem(record, backend)
     if problem is not None:
         raise Damaged(f"its record {problem}")
     return record
@@ -328,7 +340,7 @@ def _files_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _entry_problem(record: dict[str, Any]) -> str | None:
+def _entry_problem(record: dict[str, Any], backend: str) -> str | None:
     """What keeps the build from using the record's manifest entry and verification report."""
     from hatch_aoti.build.manifest import entry_problem
 
@@ -339,9 +351,13 @@ def _entry_problem(record: dict[str, Any]) -> str | None:
         return f"has an unusable manifest entry: {problem}"
     if entry.get("files") != record["files"]:
         return "has a manifest entry whose files are not its own"
+    if entry.get("backend") != backend:
+        return f"is not of the {backend} backend"
     report = entry.get("verification")
     if not isinstance(report, dict) or report.get("passed") not in (True, None):
         return "has no verification report"
+    if not isinstance(report.get("tried", []), list):
+        return "has an unusable verification report"
     if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
         return "has unusable errors"
     return None
@@ -363,11 +379,12 @@ def _link(data: bytes, path: Path) -> None:
     """Write ``path`` whole if absent: a file of its own, then a hard link (:class:`FileExistsError` if there)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     aside = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    aside.write_bytes(data)
     try:
+        aside.write_bytes(data)
         os.link(aside, path)
     finally:
-        os.unlink(aside)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 def _inside(rel: Any) -> bool:
@@ -375,4 +392,4 @@ def _inside(rel: Any) -> bool:
     if not isinstance(rel, str) or not rel or "\\" in rel:
         return False
     path = PurePosixPath(rel)
-    return not path.is_absolute() and all(part not in ("", ".", "..") for part in path.parts)
+    return path.as_posix() == rel and not path.is_absolute() and ".." not in path.parts

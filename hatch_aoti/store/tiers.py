@@ -28,7 +28,7 @@ class Tiers:
     def enabled(self) -> bool:
         return self.local is not None or self.remote is not None
 
-    def lookup(self, name: str, key: str, dest: Path) -> tuple[dict[str, Any], str] | None:
+    def lookup(self, name: str, key: str, backend: str, dest: Path) -> tuple[dict[str, Any], str] | None:
         """The entry's record and the tier it came from (``local``, ``remote``), its artifact in
         ``dest``; ``None`` on a miss. Raises :class:`NoSpace` when the disk is full."""
         if self.local is not None:
@@ -41,23 +41,23 @@ class Tiers:
                 record = None
             if record is not None:
                 return record, "local"
-        record = self._fetch(name, key, dest)
+        record = self._fetch(name, key, backend, dest)
         if record is None:
             return None
         if self.local is not None:
             self._keep(name, key, dest, record)
         return record, "remote"
 
-    def _fetch(self, name: str, key: str, dest: Path) -> dict[str, Any] | None:
+    def _fetch(self, name: str, key: str, backend: str, dest: Path) -> dict[str, Any] | None:
         if self.remote is None or self.down:
             return None
         try:
-            return self.remote.fetch(key, dest, self.scratch)
+            return self.remote.fetch(key, backend, dest, self.scratch)
         except Damaged as exc:
             self.notice(f"{name}: the remote compile cache's entry is damaged: {exc}; compiling it here")
             if self.remote.remote.writable:
                 try:
-                    self.remote.discard(key, exc.blob)
+                    self.remote.discard(key)
                 except Fault as fault:
                     self._fault(fault)
         except Fault as exc:

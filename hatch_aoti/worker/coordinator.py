@@ -109,7 +109,7 @@ class Coordinator:
             names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
             key = cache_key(exported, spec, model.plan, inductor_configs, {**backend.key(), **names})
         try:
-            found = self.cache.lookup(spec.name, key, self.artifacts / spec.name) if key else None
+            found = self.cache.lookup(spec.name, key, spec.backend, self.artifacts / spec.name) if key else None
         except NoSpace as exc:
             self.fail(spec.name, "cache", str(exc))
             return None
