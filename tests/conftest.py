@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -398,6 +399,12 @@ class S3:
         name = f"cache-{next(self.counter)}"
         self.client().create_bucket(Bucket=name)
         return name
+
+
+def closed_port() -> str:
+    """An endpoint on loopback where nothing listens: a store that is down."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")

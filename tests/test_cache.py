@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import tempfile
@@ -12,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import S3, Runtime, build_no_isolation, debug_sections, write_project
+from conftest import S3, Runtime, build_no_isolation, closed_port, debug_sections, write_project
 
 from hatch_aoti.build.artifacts import sha256
 from hatch_aoti.store import cache as cache_mod
@@ -376,11 +375,6 @@ def bucket_objects(s3: S3, bucket: str) -> dict[str, str]:
     """Each object's key and ETag: what changes if anything is written."""
     listing = s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     return {o["Key"]: o["ETag"] for o in listing}
-
-
-def closed_port() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def debug_sections_in(wheel: Path, dest: Path) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import S3
+from conftest import S3, closed_port
 
 from hatch_aoti.build.artifacts import file_hashes, sha256
 from hatch_aoti.store import remote as remote_mod
@@ -306,11 +306,6 @@ def silent_server() -> Iterator[str]:
     for conn in held:
         conn.close()
     sock.close()
-
-
-def closed_port() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.mark.parametrize("server", ["down", "silent"])

@@ -113,6 +113,12 @@ def tree_usage(path: Path) -> tuple[int, int]:
     return count, total
 
 
+def record_files(artifact: Path, record: dict[str, Any]) -> dict[str, str]:
+    """sha256 of each of an entry's files, reusing the digests the build made (weights can be GBs)."""
+    known = (record.get("entry") or {}).get("files") or {}
+    return file_hashes(artifact, known if isinstance(known, dict) else {})
+
+
 def default_root() -> Path:
     """Per-user cache directory, outside any build environment."""
     from platformdirs import user_cache_dir
@@ -246,9 +252,7 @@ class CompileCache:
         shutil.copytree(artifact, entry / "artifact")
         # The digests the build made of these files are not made again (weights can be GBs):
         # a copy that went wrong fails the check of the next lookup, which discards the entry.
-        known = (record.get("entry") or {}).get("files") or {}
-        files = file_hashes(entry / "artifact", known if isinstance(known, dict) else {})
-        full = {**record, "key": key, "files": files}
+        full = {**record, "key": key, "files": record_files(entry / "artifact", record)}
         (entry / "entry.json").write_text(json.dumps(full, indent=1, sort_keys=True), encoding="utf-8")
         final = self._entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build.artifacts import file_hashes
-from hatch_aoti.store.cache import CompileCache, NoSpace
+from hatch_aoti.store.cache import CompileCache, NoSpace, record_files
 from hatch_aoti.store.remote import Damaged, Fault, RemoteCache
 
 
@@ -34,8 +33,6 @@ class Tiers:
         if self.local is not None:
             try:
                 record = self.local.lookup(key, dest)
-            except NoSpace:
-                raise
             except OSError as exc:  # an unreadable cache is a miss, not a failed build
                 self.notice(f"{name}: could not read the compile cache ({exc})")
                 record = None
@@ -81,16 +78,12 @@ class Tiers:
         if self.local is not None:
             try:
                 self.local.store(key, artifact, record)
-            except NoSpace:
-                raise
             except OSError as exc:  # a read-only cache must not fail the build
                 self.notice(f"{name}: could not write the compile cache ({exc})")
         if self.remote is None or self.down or not self.remote.remote.writable:
             return
-        known = (record.get("entry") or {}).get("files") or {}
         try:
-            full = {**record, "files": file_hashes(artifact, known if isinstance(known, dict) else {})}
-            self.remote.upload(key, artifact, full)
+            self.remote.upload(key, artifact, {**record, "files": record_files(artifact, record)})
         except Fault as exc:
             self._fault(exc)
         except Exception as exc:  # the model is built and kept locally: the build goes on
