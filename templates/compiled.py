@@ -114,14 +114,18 @@ def _write_pt2(name: str, entry: Entry, f: BinaryIO) -> None:
                         out.write(chunk)
 
 
-def _mapped_weights(torch: Any, name: str, entry: Entry, constants: dict[str, str]) -> dict[str, Any]:
-    """Views of the model's ``weights.bin``, mapped (page cache, shared between processes), by constant name."""
+def _mapped_weights(
+    torch: Any, name: str, entry: Entry, constants: dict[str, str], places: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Views of the model's ``weights.bin``, mapped (page cache, shared between processes), by constant
+    name; ``constants`` maps each to its name in the weights index (or in ``places``)."""
     weights = entry["weights"]
+    places = weights["tensors"] if places is None else places
     path = os.path.join(_HERE, name, weights["file"])
     blob = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
     views = {}
     for constant, fqn in constants.items():
-        t = weights["tensors"][fqn]
+        t = places[fqn]
         data = blob[t["offset"] : t["offset"] + t["nbytes"]].view(getattr(torch, t["dtype"]))
         # as_strided counts its offset from the start of the file, in elements of the dtype
         views[constant] = data.as_strided(
@@ -131,19 +135,29 @@ def _mapped_weights(torch: Any, name: str, entry: Entry, constants: dict[str, st
 
 
 def _pickled_weights(name: str, entry: Entry) -> dict[str, Callable[[IO[bytes]], None]]:
-    """Writers of the weights as Inductor's package format has them (one ``torch.save`` file each), by
-    member; each copies one weight at a time, so that a package of large weights is not held whole."""
-    import json
-
+    """Writers of the weights as Inductor's package format has them, by member: one ``torch.save`` file
+    per storage (the whole storage, which several constants may view) and the config that says where
+    each constant is in it. Each writer copies one storage at a time, so a large package is not held whole."""
     import torch
 
-    (config,) = [text for member, text in entry["inline"].items() if member.endswith("weights_config.json")]
-    views = _mapped_weights(torch, name, entry, {fqn: fqn for fqn in entry["weights"]["tensors"]})
+    tensors = entry["weights"]["tensors"]
+    whole = {"dtype": "uint8", "stride": [1], "storage_offset": 0}
+    storages = {t["file"]: {**t, **whole, "shape": [t["nbytes"]]} for t in tensors.values()}
+    blob = _mapped_weights(torch, name, entry, {file: file for file in storages}, storages)
+    config = {c: [t["file"], t["shape"], t["stride"], t["storage_offset"]] for c, t in tensors.items()}
 
-    def writer(view: Any) -> Callable[[IO[bytes]], None]:
-        return lambda out: torch.save(view.clone(), out)
+    def writer(file: str) -> Callable[[IO[bytes]], None]:  # the storage's bytes as its own dtype again
+        dtype = getattr(torch, next(t["dtype"] for t in tensors.values() if t["file"] == file))
+        return lambda out: torch.save(blob[file].clone().view(dtype), out)
 
-    return {f"data/weights/{file}": writer(views[fqn]) for fqn, (file, *_) in json.loads(config).items()}
+    (config_member,) = [m for m in entry["members"] if m.endswith("weights_config.json")]
+    writers = {f"data/weights/{file}": writer(file) for file in storages}
+
+    def write_config(out: IO[bytes]) -> None:
+        out.write(json.dumps(config).encode("utf-8"))
+
+    writers[config_member] = write_config
+    return writers
 
 
 class _CompiledModel:
@@ -862,8 +876,10 @@ def _opened(torch: Any, name: str, so_path: str, device: str) -> Any:
     """The runner on the library; the dynamic loader's words about a symbol, said of the model instead."""
     try:
         return _fast_runner(torch, so_path, device)
-    except RuntimeError as exc:
+    except (RuntimeError, OSError, AttributeError) as exc:  # OSError, AttributeError: ctypes' words
         text = str(exc)
+        if isinstance(exc, AttributeError) and "AOTInductor" in text:  # a container symbol the library lacks
+            text = f"undefined symbol: {text.rsplit(':', 1)[-1].strip()}"
         if "undefined symbol:" not in text:
             raise
         symbol = (text.split("undefined symbol:", 1)[1].split() or ["?"])[0]
@@ -880,9 +896,139 @@ def _opened(torch: Any, name: str, so_path: str, device: str) -> Any:
 def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
     """The AOTInductor container runner straight on the shipped shared library: nothing extracted."""
     aoti = torch._C._aoti
-    if device == "cpu":
-        return aoti.AOTIModelContainerRunnerCpu(so_path, 1)
-    return aoti.AOTIModelContainerRunnerCuda(so_path, 1, device, os.path.dirname(so_path))
+    if device == "cpu" and not os.path.exists(so_path[: -len(".so")] + ".json"):
+        return _Container(torch, so_path, _instances())
+    if device == "cpu":  # ops run through torch's proxy executor, which only its runner sets up
+        return aoti.AOTIModelContainerRunnerCpu(so_path, _instances())
+    return aoti.AOTIModelContainerRunnerCuda(so_path, _instances(), device, os.path.dirname(so_path))
+
+
+class _Container:
+    """The library's model container through its C interface, which torch's CPU runner calls too.
+    Through ctypes a call releases the GIL, so calls from several threads run at once (one per
+    instance), as eager modules' do. It offers the runner methods the loader uses."""
+
+    def __init__(self, torch: Any, so_path: str, instances: int) -> None:
+        import ctypes
+
+        self._ctypes, self._aoti = ctypes, torch._C._aoti
+        self._lib = ctypes.CDLL(so_path)
+        handle, size, p, n = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_bool
+        prototypes: dict[str, list[Any]] = {
+            "CreateWithDevice": [p, size, ctypes.c_char_p, ctypes.c_char_p],
+            "Delete": [handle],
+            "Run": [handle, p, size, p, size, p, p],
+            "GetNumInputs": [handle, p],
+            "GetNumOutputs": [handle, p],
+            "GetNumConstants": [handle, p],
+            "GetConstantName": [handle, size, p],
+            "GetConstantOriginalFQN": [handle, size, p],
+            "GetCallSpec": [handle, p, p],
+            "UpdateConstantBufferPairs": [handle, p, size, n, n],
+            "UpdateUserManagedConstantBufferPairs": [handle, p, size, n, n],
+        }
+        self._api = {name: self._function(name, args) for name, args in prototypes.items()}
+        self._handle = handle()
+        self._check(self._api["CreateWithDevice"](ctypes.byref(self._handle), instances, b"cpu", None))
+        self._n_in, self._n_out = self._count("GetNumInputs"), self._count("GetNumOutputs")
+        self._inputs, self._outputs = ctypes.c_void_p * self._n_in, ctypes.c_void_p * self._n_out
+        self._run = self._api["Run"]
+        # torch hands tensor handles over as capsules of the pointer the C interface takes
+        self._pointer, self._capsule = ctypes.pythonapi.PyCapsule_GetPointer, ctypes.pythonapi.PyCapsule_New
+        self._pointer.argtypes, self._pointer.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+        self._capsule.argtypes, self._capsule.restype = (
+            [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p],
+            ctypes.py_object,
+        )
+        self._kept: list[Any] = []  # user-managed constants and their handles: the container does not own them
+
+    def _function(self, name: str, argtypes: list[Any]) -> Any:
+        function = getattr(self._lib, f"AOTInductorModelContainer{name}")
+        function.argtypes, function.restype = argtypes, self._ctypes.c_int32
+        return function
+
+    def _call(self, name: str, *args: Any) -> None:
+        self._check(self._api[name](self._handle, *args))
+
+    def _check(self, status: int) -> None:
+        if not status:
+            return
+        message = self._ctypes.c_char_p()
+        last = getattr(self._lib, "AOTInductorGetLastError", None)
+        if last is not None and not last(self._ctypes.byref(message)) and message.value:
+            raise RuntimeError(message.value.decode("utf-8", "replace"))
+        raise RuntimeError(f"the model's library failed (AOTInductor error {status})")
+
+    def _count(self, name: str, *args: Any) -> int:
+        value = self._ctypes.c_size_t()
+        self._call(name, *args, self._ctypes.byref(value))
+        return value.value
+
+    def _text(self, name: str, *args: Any) -> str:
+        value = self._ctypes.c_char_p()
+        self._call(name, *args, self._ctypes.byref(value))
+        return (value.value or b"").decode("utf-8")
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None):
+            self._api["Delete"](self._handle)
+
+    def _handles(self, tensors: list[Any]) -> list[int]:
+        """New tensor handles (the C interface's ``AtenTensorHandle``) of ``tensors``."""
+        pointer = self._pointer
+        return [pointer(c, None) for c in self._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)]
+
+    def run(self, inputs: list[Any]) -> list[Any]:
+        handles = self._inputs(*self._handles(inputs))  # the run steals them
+        outputs = self._outputs()
+        self._check(self._run(self._handle, handles, self._n_in, outputs, self._n_out, None, None))
+        capsule = self._capsule
+        return self._aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(h, None, None) for h in outputs])  # type: ignore[no-any-return]
+
+    def get_call_spec(self) -> list[str]:
+        specs = self._ctypes.c_char_p(), self._ctypes.c_char_p()
+        self._call("GetCallSpec", *map(self._ctypes.byref, specs))
+        return [(spec.value or b"").decode("utf-8") for spec in specs]
+
+    def get_constant_names_to_original_fqns(self) -> dict[str, str]:
+        return {
+            self._text("GetConstantName", i): self._text("GetConstantOriginalFQN", i)
+            for i in range(self._count("GetNumConstants"))
+        }
+
+    def update_constant_buffer(
+        self, tensors: dict[str, Any], use_inactive: bool, validate: bool, managed: bool
+    ) -> None:
+        import ctypes
+
+        class Entry(ctypes.Structure):  # AOTInductorConstantMapEntry
+            _fields_ = [("name", ctypes.c_char_p), ("handle", ctypes.c_void_p)]
+
+        names = [n.encode("utf-8") for n in tensors]
+        handles = self._handles(list(tensors.values()))
+        entries = (Entry * len(names))(*[Entry(n, h) for n, h in zip(names, handles)])
+        update = "UpdateUserManagedConstantBufferPairs" if managed else "UpdateConstantBufferPairs"
+        self._call(update, entries, len(names), use_inactive, validate)
+        self._kept.append((tensors, names, handles))
+
+
+#: How many calls of one model may run at once (``HATCH_AOTI_INSTANCES``): the container holds that many
+#: instances of the model, which share its weights; a call finding all of them busy waits for one.
+INSTANCES_VARIABLE = "HATCH_AOTI_INSTANCES"
+
+
+def _instances() -> int:
+    """One instance per CPU by default, so that callers on every thread run at once, as with eager."""
+    text = os.environ.get(INSTANCES_VARIABLE, "").strip()
+    if not text:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{INSTANCES_VARIABLE}={text!r}: expected a whole number of model instances, at least 1")
+    return count
 
 
 def _public_runner(name: str, entry: Entry) -> Any:
@@ -892,5 +1038,6 @@ def _public_runner(name: str, entry: Entry) -> Any:
     archive = io.BytesIO()
     _write_pt2(name, entry, archive)
     archive.seek(0)
-    (runner,) = load_pt2(archive, load_weights_from_disk="weights" in entry).aoti_runners.values()
+    loaded = load_pt2(archive, load_weights_from_disk="weights" in entry, num_runners=_instances())
+    (runner,) = loaded.aoti_runners.values()
     return runner

@@ -3,7 +3,8 @@
 What each does comes from the ``HATCH_AOTI_FAKE`` environment variable (JSON), since the job
 file is the real, typed one:
 - ``helper``: for each task, does what ``script[model]`` says: ``ok`` (reports a compiled
-  model), ``fail`` (reports a failure), ``die`` (SIGKILLs itself before reporting).
+  model), ``big`` (the same, with files described in more bytes than a pipe holds), ``fail``
+  (reports a failure), ``die`` (SIGKILLs itself before reporting).
 - ``coordinator``: emits ``events`` in order, then ends as ``end`` says (``exit`` or ``die``).
 - ``sleeper``: starts a grandchild that sleeps (a stand-in for a compiler), reports both
   pids (as an ``info`` event), and sleeps until its parent goes away.
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Parent
+from hatch_aoti.build.children import Parent, exit_without_teardown
 
 
 def helper(fake: dict, parent: Parent) -> int:
@@ -33,7 +34,8 @@ def helper(fake: dict, parent: Parent) -> int:
             parent.emit(protocol.Failed(task.model, "compile", "AOTInductor failed: RuntimeError: boom"))
             continue
         Path(task.out).mkdir(parents=True, exist_ok=True)
-        parent.emit(protocol.Compiled(task.model, 0.1, {"file": "x.so"}))
+        files = {"file": "x.so", "index": "w" * 256 * 1024} if what == "big" else {"file": "x.so"}
+        parent.emit(protocol.Compiled(task.model, 0.1, files))
     return 0
 
 
@@ -59,4 +61,4 @@ if __name__ == "__main__":
     fake = json.loads(os.environ.get("HATCH_AOTI_FAKE", "{}"))
     code = {"helper": helper, "coordinator": coordinator, "sleeper": sleeper}[role](fake, parent)
     parent.close()
-    sys.exit(code)
+    exit_without_teardown(code)  # as real children end

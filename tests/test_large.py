@@ -23,6 +23,23 @@ MODELS = """
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 2048)).eval()
 
+    class Fused(nn.Module):
+        # Weights that share storage: q, k and v are views of one fused parameter (as a checkpoint
+        # loaded with `assign=True` can give), and `t` a transposed view at an offset.
+
+        def __init__(self):
+            super().__init__()
+            qkv = torch.randn(3 * 64, 64)
+            self.q, self.k, self.v = (nn.Parameter(w) for w in qkv.split(64))
+            self.t = nn.Parameter(torch.randn(80, 64)[16:].t())
+
+        def forward(self, x):
+            return x @ self.q.T + (x @ self.k.T) * (x @ self.v.T) + x @ self.t
+
+    def fused():
+        torch.manual_seed(2)
+        return Fused().eval()
+
     def quantized():
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -37,6 +54,12 @@ HOOK = """
     inputs = [{ shape = ["batch", 2048] }]
     dynamic = { batch = { min = 1, max = 8 } }
     weights = "mapped"
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.fused]
+    factory = "largepkg.models:fused"
+    inputs = [{ shape = [4, 64] }]
+    weights = "mapped"
+    inductor-configs = { freezing = false }  # the weights as the module has them, views included
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.quantized]
     factory = "largepkg.models:quantized"
@@ -95,27 +118,46 @@ def test_mapped_weights_are_shared_not_copied(large_site: Path, runtime: Runtime
     assert result["info"] == "weights.bin"
 
 
-def test_mapped_weights_round_trip_through_torch_loaders(large_site: Path, runtime: Runtime, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, size", [("wide", 2048), ("fused", 64)])
+def test_mapped_weights_round_trip_through_torch_loaders(
+    large_site: Path, runtime: Runtime, tmp_path: Path, name: str, size: int
+) -> None:
+    """The installed model, its ``save_pt2()`` package under torch's own loader, and torch's loader as the
+    loader's fallback all give what eager gives; ``fused``'s weights share storage and are views."""
+    import torch
+
+    sys.path.insert(0, str(large_site))
+    try:
+        from largepkg import models
+    finally:
+        sys.path.remove(str(large_site))
+    torch.manual_seed(5)
+    x = torch.randn(3 if name == "wide" else 4, size)
+    with torch.no_grad():
+        expected = getattr(models, name)()(x)
+    torch.save(x, tmp_path / "x.pt")
     result = runtime.json(
         f"""
         import json, sys, warnings; sys.path.insert(0, {str(large_site)!r})
         import torch
         from torch.export.pt2_archive._package import load_pt2
         from largepkg import compiled
-        x = torch.randn(3, 2048)
-        ours = compiled.load("wide")(x)
-        (public,) = load_pt2(compiled.save_pt2("wide", {str(tmp_path / "wide.pt2")!r}),
+        x = torch.load({str(tmp_path / "x.pt")!r})
+        ours = compiled.load({name!r})(x)
+        torch.save(ours, {str(tmp_path / "ours.pt")!r})
+        (public,) = load_pt2(compiled.save_pt2({name!r}, {str(tmp_path / "m.pt2")!r}),
                              load_weights_from_disk=True).aoti_runners.values()
         out = {{"save_pt2": (public(x) - ours).abs().max().item()}}
         del torch._C._aoti.AOTIModelContainerRunnerCpu          # torch's own loader, as a fallback
         compiled._LOADED.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out["fallback"] = (compiled.load("wide")(x) - ours).abs().max().item()
+            out["fallback"] = (compiled.load({name!r})(x) - ours).abs().max().item()
         print(json.dumps(out))
         """
     )
     assert result == {"save_pt2": 0.0, "fallback": 0.0}
+    torch.testing.assert_close(torch.load(tmp_path / "ours.pt"), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_torchao_int8_model_needs_no_torchao_at_run_time(large_site: Path, runtime: Runtime) -> None:

@@ -81,6 +81,26 @@ def test_a_helper_that_dies_fails_only_its_unreported_models(tmp_path: Path, mon
     assert outcomes["e"].error == "AOTInductor failed: RuntimeError: boom"
 
 
+def test_helpers_are_read_while_the_coordinator_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big model's event (its weights index) is larger than a pipe holds: its helper must be able to
+    write it, and end, before the coordinator asks for outcomes (it compiles its own share first)."""
+    import time
+
+    monkeypatch.setenv("HATCH_AOTI_FAKE", json.dumps({"script": {"big": "big"}}))
+    helpers = Helpers(tmp_path, HelperJob([], "", [], str(tmp_path), None), argv=[*FAKES, "helper"])
+    helpers.start([[Task("big", "aoti", "p", str(tmp_path / "out" / "big"), {}, [])]])
+    try:
+        (child,) = [c for c, _ in helpers._children.values()]
+        deadline = time.monotonic() + 60
+        while child.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.proc.poll() == 0, "the helper is blocked writing its event"
+        (outcome,) = helpers.outcomes()
+    finally:
+        helpers.end()
+    assert outcome.error is None and len(outcome.files["index"]) == 256 * 1024
+
+
 def coordination(tmp_path: Path, events: list[dict], end: str = "exit") -> Coordination:
     settings = parse_settings(
         {"models": {n: {"factory": "a:b", "inputs": []} for n in ("a", "b")}}, machine="x86_64", flags=set()

@@ -20,7 +20,7 @@ class AotiBackend(Backend):
 
     def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
         mapped = MAPPED_WEIGHTS if spec.weights == "mapped" and spec.device == "cpu" else {}
-        return inductor_configs({**mapped, **user_configs}, cpu)
+        return inductor_configs({**fast_defaults(spec), **mapped, **user_configs}, cpu)
 
     def compile(self, request: Request) -> dict[str, Any]:
         return compile_program(request.exported, request.out, request.settings, request.work)
@@ -41,6 +41,26 @@ MAPPED_WEIGHTS: dict[str, Any] = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
 }
+#: Fast and still portable (figures and the settings left out: docs/configuration.md#fast-defaults):
+#: - freezing: the weights become constants of the graph, so what depends on them alone
+#:   (transposed linear weights, batch norms folded into convolutions) is computed once, at
+#:   build time; the wheel ships those constants instead of the state dict;
+#: - no weight prepacking: prepacked oneDNN layouts are picked for the build machine's ISA
+#:   (reordered on every call elsewhere) and cannot be mapped; the constants stay dense tensors.
+#: Freezing holds the folded constants beside the weights while the build compiles and verifies
+#: (about half the weights more at peak); from this size on it is left to the user.
+FREEZE_BELOW = 2**30
+FAST_DEFAULTS: dict[str, Any] = {
+    "freezing": True,
+    "cpp.weight_prepack": False,
+}
+
+
+def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
+    big = spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW
+    return {**FAST_DEFAULTS, "freezing": False} if big else dict(FAST_DEFAULTS)
+
+
 WHEEL_DEFAULTS: dict[str, Any] = {
     "aot_inductor.enable_line_tables": False,
     "cpp.dynamic_threads": True,
@@ -69,6 +89,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     """
     import shutil
 
+    import torch
     import torch._inductor
 
     from hatch_aoti import _torch_private
@@ -78,7 +99,8 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     try:
-        with _torch_private.inductor_cache(inductor), _torch_private.portable_paths():
+        # Freezing folds weights only where no gradient can be asked for.
+        with _torch_private.inductor_cache(inductor), _torch_private.portable_paths(), torch.no_grad():
             torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
         return unpack_pt2(pt2, out_dir)
     finally:

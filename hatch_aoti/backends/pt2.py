@@ -42,6 +42,7 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     members: list[str] = []
     inline: dict[str, str] = {}
     weights: list[zipfile.ZipInfo] = []
+    config: zipfile.ZipInfo | None = None
     with zipfile.ZipFile(pt2) as archive:
         for info in archive.infolist():
             if info.is_dir():
@@ -55,6 +56,9 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
             if rest.startswith(WEIGHTS_DIR):
                 weights.append(info)
                 continue
+            if rest.endswith(WEIGHTS_CONFIG):  # the loader writes it again from the weights index
+                config = info
+                continue
             if info.file_size <= INLINE_LIMIT and not rest.endswith(".so"):
                 try:
                     inline[rest] = archive.read(info).decode("utf-8")
@@ -66,9 +70,11 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
             with archive.open(info) as src, dest.open("wb") as out:
                 shutil.copyfileobj(src, out)
             dest.chmod(0o755 if rest.endswith(".so") else 0o644)
-        entry = {"members": members, "inline": inline}
+        entry: dict[str, Any] = {"members": members, "inline": inline}
         if weights:
-            entry["weights"] = write_weights(archive, weights, inline, target)
+            if config is None:
+                raise ValueError(f"{pt2.name} has weights but no {WEIGHTS_CONFIG}")
+            entry["weights"] = write_weights(archive, weights, json.loads(archive.read(config)), target)
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
@@ -79,41 +85,49 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
 
 
 def write_weights(
-    archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], inline: dict[str, str], target: Path
+    archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], config: dict[str, Any], target: Path
 ) -> dict[str, Any]:
     """Put the weights Inductor pickled one file each into ``weights.bin``, each at an aligned offset.
 
     The loader maps that file and hands views of it to the library, so the weights are
     read from the page cache and shared between processes instead of copied into each.
-    The bytes are copied in chunks, never held whole; the index says where each tensor is.
+    One pickled file holds one storage, which several constants may view (Inductor groups
+    weights that share storage); each constant keeps its own shape, stride and offset.
+    The bytes are copied in chunks, never held whole; the index says where each view is.
     """
     import tempfile
 
     import torch
 
-    (config_name,) = [n for n in inline if n.endswith(WEIGHTS_CONFIG)]
-    by_file = {v[0]: fqn for fqn, v in json.loads(inline[config_name]).items()}
+    views: dict[str, list[tuple[str, Any]]] = {}
+    for constant, (file, shape, stride, storage_offset) in config.items():
+        views.setdefault(file, []).append(
+            (constant, {"shape": shape, "stride": stride, "storage_offset": storage_offset})
+        )
     index: dict[str, Any] = {}
     with (target / WEIGHTS_FILE).open("wb") as blob, tempfile.TemporaryDirectory() as tmp:
         for number, info in enumerate(members):
+            file = info.filename.rsplit("/", 1)[1]
             pickled = Path(tmp) / f"weight-{number}"  # one file each: torch may keep a mapped file open
             with archive.open(info) as src, pickled.open("wb") as out:
                 shutil.copyfileobj(src, out)
             tensor = torch.load(pickled, mmap=True, weights_only=True)  # metadata only: nothing is read
             blob.write(b"\0" * (-blob.tell() % WEIGHTS_ALIGNMENT))
-            index[by_file[info.filename.rsplit("/", 1)[1]]] = {
+            storage = {
+                "file": file,
                 "offset": blob.tell(),
                 "nbytes": tensor.untyped_storage().nbytes(),
                 "dtype": str(tensor.dtype).removeprefix("torch."),
-                "shape": list(tensor.shape),
-                "stride": list(tensor.stride()),
-                "storage_offset": tensor.storage_offset(),
             }
             del tensor
+            for constant, view in views.pop(file, []):
+                index[constant] = {**storage, **view}
             with zipfile.ZipFile(pickled) as inner:
                 (data,) = [n for n in inner.namelist() if n.split("/")[-2:-1] == ["data"]]
                 with inner.open(data) as src:
                     shutil.copyfileobj(src, blob, 1 << 20)
             pickled.unlink()
+    if views:
+        raise ValueError(f"{WEIGHTS_CONFIG} names weight files the package lacks: {sorted(views)}")
     (target / WEIGHTS_FILE).chmod(0o644)
     return {"file": WEIGHTS_FILE, "sha256": sha256(target / WEIGHTS_FILE), "tensors": index}

@@ -73,11 +73,15 @@ class Child:
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         return [decode(line) for line in lines if line.strip()]
 
-    def end(self) -> None:
-        """Stop the child and everything it started, if still running; release its pipes."""
+    def kill(self) -> None:
+        """Stop the child and everything it started, if still running."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def end(self) -> None:
+        """Stop the child and everything it started, if still running; release its pipes."""
+        self.kill()
         self.proc.wait()
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):

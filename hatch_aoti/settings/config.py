@@ -607,6 +607,8 @@ class ModelSpec:
     weights: str = "auto"
     path: str = ""
     """Full TOML path of the model's table, for messages."""
+    weights_bytes: int | None = None
+    """Bytes of the exported program's weights, once it is exported (the size-based defaults use it)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

@@ -100,8 +100,9 @@ class Coordinator:
         spec = model.spec  # with the rules export found
         backend = backends.get(spec.backend)
         cpu = resolve(spec.cpu_target)
-        if spec.weights == "auto":
-            spec = model.spec = dataclasses.replace(spec, weights=auto_weights(spec, exported))
+        size = weights_size(exported)
+        weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
+        spec = model.spec = dataclasses.replace(spec, weights=weights, weights_bytes=size)
         inductor_configs = backend.settings(model.user_configs, cpu, spec)
         key = ""
         if self.cache.enabled:
@@ -409,7 +410,9 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
             own = owners.get(fqn)
             if own is None or (own.shape, own.stride(), own.dtype) != (mapped.shape, mapped.stride(), mapped.dtype):
                 continue  # a weight Inductor made or laid out differently: verified from the file
-            if not own.is_contiguous() or not _same_bytes(own, blob, weights["tensors"][fqn]):
+            if not own.is_contiguous():
+                continue  # a view with gaps (a transposed slice, say): verified from the file too
+            if not _same_bytes(own, blob, weights["tensors"][fqn]):
                 raise RuntimeError(f"the shipped weights file holds other values for {fqn} than the model")
             constants[constant] = own.detach()
     compiled.runner.update_constant_buffer(constants, False, True, True)
@@ -432,8 +435,8 @@ def _same_bytes(tensor: Any, blob: Any, place: dict[str, Any]) -> bool:
 AUTO_MAPPED_FROM = 32 * 2**20
 
 
-def auto_weights(spec: ModelSpec, exported: Any) -> str:
-    return "mapped" if spec.device == "cpu" and weights_size(exported) >= AUTO_MAPPED_FROM else "embedded"
+def auto_weights(spec: ModelSpec, size: int) -> str:
+    return "mapped" if spec.device == "cpu" and size >= AUTO_MAPPED_FROM else "embedded"
 
 
 def weights_size(exported: Any) -> int:

@@ -9,7 +9,9 @@ models it had not reported, and only those.
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -45,6 +47,8 @@ class Helpers:
         self._stage, self._job = stage, job
         self._argv = argv or [sys.executable, "-m", "hatch_aoti.worker.helpers"]
         self._children: dict[int, tuple[Child, list[str]]] = {}
+        self._events: queue.Queue[tuple[Child, Any] | None] = queue.Queue()
+        self._reader: threading.Thread | None = None
 
     def start(self, groups: list[list[Task]]) -> None:
         import os
@@ -63,12 +67,29 @@ class Helpers:
                 env=env,
             )
             self._children[child.events] = (child, [t.model for t in group])
+        # Their pipes are read from now on, while this process compiles its own share: an event
+        # larger than a pipe holds (a big model's weights index) would otherwise block its helper.
+        self._reader = threading.Thread(target=self._read, name="hatch-aoti-helpers", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for item in watch([c for c, _ in self._children.values()]):
+                self._events.put(item)
+        finally:
+            self._events.put(None)
+
+    def _received(self) -> Iterator[tuple[Child, Any]]:
+        if self._reader is None:
+            return
+        while (item := self._events.get()) is not None:
+            yield item
 
     def outcomes(self) -> Iterator[Outcome]:
         """Each task's outcome as it arrives; a dead helper's unreported tasks fail with its log."""
         pending = {fd: list(models) for fd, (_, models) in self._children.items()}
         try:
-            for child, event in watch([c for c, _ in self._children.values()]):
+            for child, event in self._received():
                 if event is None:
                     left = pending.pop(child.events, [])
                     if left:
@@ -88,6 +109,10 @@ class Helpers:
             self.end()
 
     def end(self) -> None:
+        for child, _ in self._children.values():
+            child.kill()
+        if self._reader is not None:  # their pipes close with them: the reader ends before they are released
+            self._reader.join()
         for child, _ in self._children.values():
             child.end()
 

@@ -1,0 +1,266 @@
+"""Real-size models built by hatch-aoti against eager, ONNX Runtime and OpenVINO, side by side.
+
+BERT-base, GPT-2, ResNet-50 and ViT-base from transformers' default configs (seeded random
+weights, batch 1, static shapes) are built into one wheel with hatch-aoti
+(`python -m build --no-isolation`) and installed into a directory of their own. One process
+then loads the compiled models, the eager models, ONNX Runtime sessions and OpenVINO compiled
+models of one ONNX file per model (`torch.onnx.export(..., dynamo=True)` of the same eager
+module, so every side runs the same weights), all at the same thread count, and times them in
+interleaved rounds with `torch.utils.benchmark`. It prints each ratio and their geometric means.
+
+Run with the test venv, which needs `transformers onnx onnxscript onnxruntime` (and `openvino`
+for the second peer):
+
+    .venv-test/bin/python benchmarks/peers.py                # the defaults
+    .venv-test/bin/python benchmarks/peers.py --tune         # tune = true
+    .venv-test/bin/python benchmarks/peers.py --models bert,resnet50 --threads 2 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Tensor(nn.Module):
+    """A transformers model as a function of one tensor to one tensor."""
+
+    def __init__(self, model, argument, field):
+        super().__init__()
+        self.model, self.argument, self.field = model, argument, field
+
+    def forward(self, x):
+        return getattr(self.model(**{self.argument: x}), self.field)
+
+
+def bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    return Tensor(BertModel(BertConfig(), add_pooling_layer=False), "input_ids", "last_hidden_state").eval()
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    return Tensor(GPT2Model(GPT2Config(use_cache=False)), "input_ids", "last_hidden_state").eval()
+
+
+def resnet50():
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    return Tensor(ResNetModel(ResNetConfig()), "pixel_values", "pooler_output").eval()
+
+
+def vit():
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    return Tensor(ViTModel(ViTConfig(), add_pooling_layer=False), "pixel_values", "last_hidden_state").eval()
+'''
+#: Each model's input: shape, dtype and, for token ids, their range.
+INPUTS = {
+    "bert": ([1, 128], "int64", 30522),
+    "gpt2": ([1, 128], "int64", 50257),
+    "resnet50": ([1, 3, 224, 224], "float32", None),
+    "vit": ([1, 3, 224, 224], "float32", None),
+}
+PYPROJECT = """
+[build-system]
+requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
+build-backend = "hatchling.build"
+
+[project]
+name = "peerpkg"
+version = "1.0"
+dependencies = ["torch==2.13.*"]
+"""
+TUNE = """
+[tool.hatch.build.targets.wheel.hooks.aoti]
+tune = true
+"""
+MODEL_TABLE = """
+[tool.hatch.build.targets.wheel.hooks.aoti.models.{name}]
+factory = "peerpkg.models:{name}"
+inputs = [{{ shape = {shape}, dtype = "{dtype}"{high} }}]
+"""
+
+
+def build(models: list[str], tune: bool, work: Path) -> tuple[Path, float, str]:
+    """The wheel of ``models``, unpacked into ``work/site``; the build's seconds and output."""
+    project = work / "project"
+    (project / "peerpkg").mkdir(parents=True)
+    tables = [PYPROJECT, TUNE if tune else ""]
+    for name in models:
+        shape, dtype, high = INPUTS[name]
+        tables.append(MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else ""))
+    (project / "pyproject.toml").write_text("".join(tables), encoding="utf-8")
+    (project / "peerpkg" / "__init__.py").write_text("", encoding="utf-8")
+    (project / "peerpkg" / "models.py").write_text(textwrap.dedent(MODELS), encoding="utf-8")
+    start = time.perf_counter()
+    env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"the build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    (wheel,) = (work / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(work / "site")
+    return work / "site", seconds, proc.stderr
+
+
+def example(name: str):  # type: ignore[no-untyped-def]
+    import torch
+
+    shape, dtype, high = INPUTS[name]
+    generator = torch.Generator().manual_seed(7)
+    if high:
+        return torch.randint(0, high, shape, generator=generator)
+    return torch.rand(shape, generator=generator)
+
+
+def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """ONNX Runtime and OpenVINO callables on one ONNX export of ``module``; the peers that are missing
+    are left out with the reason."""
+    import torch
+
+    path = work / f"{name}.onnx"
+    with torch.no_grad():
+        torch.onnx.export(module, (x,), str(path), dynamo=True, external_data=True)
+    found: dict[str, object] = {}
+    try:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: x.numpy()}
+        found["onnxruntime"] = lambda: session.run(None, feed)
+    except ImportError as exc:
+        print(f"  onnxruntime left out: {exc}")
+    try:
+        import openvino as ov
+
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+        compiled = ov.Core().compile_model(str(path), "CPU", config)
+        request, array = compiled.create_infer_request(), x.numpy()
+        found["openvino"] = lambda: request.infer([array])
+    except ImportError as exc:
+        print(f"  openvino left out: {exc}")
+    return found
+
+
+def timed(calls: dict[str, object], threads: int, rounds: int) -> dict[str, float]:
+    """Each callable's median time (s) per round, interleaved; the median over the rounds."""
+    import statistics
+
+    import torch
+    from torch.utils.benchmark import Timer
+
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for key, call in calls.items():
+                timer = Timer("call()", globals={"call": call}, num_threads=threads)
+                times[key].append(timer.blocked_autorange(min_run_time=1.0).median)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(INPUTS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tune", action="store_true", help="build with tune = true")
+    args = parser.parse_args()
+    models = args.models.split(",")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
+    with tempfile.TemporaryDirectory(prefix="hatch-aoti-peers-") as tmp:
+        work = Path(tmp)
+        site, seconds, log = build(models, args.tune, work)
+        print(f"built {len(models)} models in {seconds:.0f} s ({'tune = true' if args.tune else 'defaults'})")
+        for line in log.splitlines():
+            if line.startswith("aoti:") and ("tune" in line or "compiled" in line):
+                print(f"  {line}")
+        sys.path.insert(0, str(site))
+        from peerpkg import compiled
+        from peerpkg import models as eager_models
+
+        ratios: dict[str, list[float]] = {}
+        rows = []
+        for name in models:
+            x = example(name)
+            module = getattr(eager_models, name)()
+            model = compiled.load(name)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), module(x), rtol=1e-3, atol=1e-3)
+            calls = {
+                "compiled": lambda model=model, x=x: model(x),
+                "eager": lambda module=module, x=x: module(x),
+                **peers(name, module, x, args.threads, work),
+            }
+            medians = timed(calls, args.threads, args.rounds)
+            rows.append((name, medians))
+            for peer, seconds in medians.items():
+                if peer != "compiled":
+                    ratios.setdefault(peer, []).append(seconds / medians["compiled"])
+            line = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in medians.items())
+            print(f"{name:9s} {line}", flush=True)
+        print("\npeer time / compiled time (above 1: hatch-aoti is faster)")
+        for peer, values in ratios.items():
+            each = ", ".join(f"{n} {r:.2f}x" for (n, _), r in zip(rows, values))
+            print(f"  {peer:12s} geomean {geomean(values):.2f}x  ({each})")
+        print(
+            json.dumps(
+                {
+                    "cpu": cpu_name(),
+                    "threads": args.threads,
+                    "tune": args.tune,
+                    "ms": {n: {k: v * 1e3 for k, v in m.items()} for n, m in rows},
+                    "geomean": {p: geomean(v) for p, v in ratios.items()},
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

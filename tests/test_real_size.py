@@ -1,0 +1,170 @@
+"""A model at the size people ship, built with the defaults: BERT-base (transformers' default config).
+
+It has about 200 weight tensors and 420 MiB of them, so `weights = "auto"` maps them and the
+weights index is larger than the manifest's small-file limit, a path no toy model takes.
+Built once per session (about a minute here), installed into a venv without hatch-aoti.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import Runtime, build_no_isolation, write_project
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("transformers")
+
+MODELS = """
+    import torch
+    from torch import nn
+
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            from transformers import BertConfig, BertModel
+
+            self.bert = BertModel(BertConfig(), add_pooling_layer=False)
+
+        def forward(self, input_ids):
+            return self.bert(input_ids=input_ids).last_hidden_state
+
+
+    def bert():
+        torch.manual_seed(0)
+        return Bert().eval()
+"""
+HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.bert]
+    factory = "bertpkg.models:bert"
+    inputs = [{ shape = [1, 128], dtype = "int64", high = 30522 }]
+"""
+
+
+@pytest.fixture(scope="session")
+def bert_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    project = write_project(tmp_path_factory.mktemp("bert") / "proj", "bertpkg", HOOK, {"models.py": MODELS})
+    proc = build_no_isolation(project, project / "dist")
+    (wheel,) = (project / "dist").glob("*.whl")
+    return wheel, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def bert_site(bert_wheel: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("bert-site")
+    with zipfile.ZipFile(bert_wheel[0]) as zf:
+        zf.extractall(site)
+    return site
+
+
+def test_bert_base_builds_with_the_defaults_and_maps_its_weights(bert_wheel: tuple[Path, str], bert_site: Path) -> None:
+    wheel, log = bert_wheel
+    assert "bert: compiled in" in log and "verified against eager" in log, log
+    manifest = json.loads((bert_site / "bertpkg" / "_aoti" / "manifest.json").read_text())
+    entry = manifest["models"]["bert"]
+    weights = entry["weights"]
+    assert len(weights["tensors"]) >= 150, "hundreds of weight tensors"
+    assert (bert_site / "bertpkg" / "_aoti" / "bert" / "weights.bin").stat().st_size > 32 * 2**20
+    assert not [m for m in entry["inline"] if m.endswith("weights_config.json")], "the index is the record"
+    assert entry["inductor_configs"]["freezing"] is True and entry["inductor_configs"]["cpp.weight_prepack"] is False
+
+
+def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
+    bert_site: Path, runtime: Runtime, tmp_path: Path
+) -> None:
+    import torch
+
+    sys.path.insert(0, str(bert_site))
+    try:
+        from bertpkg.models import bert
+    finally:
+        sys.path.remove(str(bert_site))
+    ids = torch.randint(0, 30522, (1, 128), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = bert()(ids)
+    torch.save(ids, tmp_path / "ids.pt")
+    result = runtime.json(
+        f"""
+        import json, sys; sys.path.insert(0, {str(bert_site)!r})
+        import torch
+        from torch.export.pt2_archive._package import load_pt2
+        from bertpkg import compiled
+        ids = torch.load({str(tmp_path / "ids.pt")!r})
+        ours = compiled.load("bert")(ids)
+        torch.save(ours, {str(tmp_path / "ours.pt")!r})
+        path = compiled.save_pt2("bert", {str(tmp_path / "bert.pt2")!r})
+        (public,) = load_pt2(path, load_weights_from_disk=True).aoti_runners.values()
+        print(json.dumps({{"type": type(ours).__name__, "save_pt2": (public(ids) - ours).abs().max().item(),
+                           "mapped": any(l.rstrip().endswith("weights.bin") for l in open("/proc/self/maps"))}}))
+        """
+    )
+    assert result == {"type": "Tensor", "save_pt2": 0.0, "mapped": True}
+    torch.testing.assert_close(torch.load(tmp_path / "ours.pt"), expected, rtol=1e-4, atol=1e-4)
+
+
+THREADS = """
+import json, os, sys, threading, time
+sys.path.insert(0, {site!r})
+import torch
+torch.set_num_threads(1)
+from bertpkg import compiled
+model = compiled.load("bert")
+ids = torch.randint(0, 30522, (1, 128))
+model(ids)
+tasks = {{1: len(os.listdir("/proc/self/task"))}}
+torch.set_num_threads(2)
+model(ids)
+tasks[2] = len(os.listdir("/proc/self/task"))
+torch.set_num_threads(1)
+native, stop = [], time.monotonic() + 6
+def caller():
+    native.append(threading.get_native_id())
+    while time.monotonic() < stop:
+        model(ids)
+def state(tid):  # R: running or waiting for a CPU; S: asleep (waiting for the model, say)
+    with open(f"/proc/self/task/{{tid}}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+callers = [threading.Thread(target=caller) for _ in range(2)]
+for t in callers:
+    t.start()
+time.sleep(1)
+both = [all(state(t) == "R" for t in native) for _ in range(200) if not time.sleep(0.01)]
+for t in callers:
+    t.join()
+print(json.dumps({{"tasks": tasks, "both_running": sum(both) / len(both)}}))
+"""
+
+
+@pytest.mark.parametrize("instances", ["", "1"])
+def test_calls_use_the_callers_threads_and_run_at_once(
+    bert_site: Path, runtime: Runtime, monkeypatch: pytest.MonkeyPatch, instances: str
+) -> None:
+    """At ``torch.set_num_threads(1)`` a call starts no thread and at 2 it starts one (the kernels follow
+    the caller, as eager does); two callers run at the same time, each on its own instance, unless
+    ``HATCH_AOTI_INSTANCES=1`` leaves one instance, which they take in turn. Whether a caller runs
+    is read from its state (running or runnable, not asleep), whatever the load on the machine."""
+    monkeypatch.setenv("HATCH_AOTI_INSTANCES", instances)
+    result = runtime.json(THREADS.format(site=str(bert_site)))
+    assert result["tasks"]["2"] == result["tasks"]["1"] + 1, result
+    if instances == "1":
+        assert result["both_running"] < 0.2, result
+    else:
+        assert result["both_running"] > 0.8, result
+
+
+def test_a_bad_instance_count_is_a_clear_error(
+    bert_site: Path, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HATCH_AOTI_INSTANCES", "many")
+    proc = runtime.run(
+        f"import sys; sys.path.insert(0, {str(bert_site)!r}); from bertpkg import compiled; compiled.load('bert')",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert (
+        "ValueError: HATCH_AOTI_INSTANCES='many': expected a whole number of model instances, at least 1" in proc.stderr
+    )
