@@ -55,15 +55,15 @@ HOOK = """
     dynamic = { batch = { min = 1, max = 8 } }
     weights = "mapped"
 
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.quantized]
+    factory = "largepkg.models:quantized"
+    inputs = [{ shape = [4, 64] }]
+
     [tool.hatch.build.targets.wheel.hooks.aoti.models.fused]
     factory = "largepkg.models:fused"
     inputs = [{ shape = [4, 64] }]
     weights = "mapped"
     inductor-configs = { freezing = false }  # the weights as the module has them, views included
-
-    [tool.hatch.build.targets.wheel.hooks.aoti.models.quantized]
-    factory = "largepkg.models:quantized"
-    inputs = [{ shape = [4, 64] }]
 """
 WEIGHTS = 4 * (2 * 2048 * 4096 + 4096 + 2048)  # 64 MiB
 
