@@ -146,8 +146,8 @@ def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp
     job = Job([spec], str(tmp_path), "compiled", "p", [], str(tmp_path), None, None, None, 1)
     events = []
     parent = type("Parent", (), {"emit": lambda self, event: events.append(event)})()
-    miss = Coordinator(job, parent).export_and_look_up(model)
-    assert miss is not None and miss.key == "" and not any(isinstance(e, Cached) for e in events)
+    (miss,) = Coordinator(job, parent).export_and_look_up(model)
+    assert miss.key == "" and not any(isinstance(e, Cached) for e in events)
 
 
 def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_them(tmp_path: Path) -> None:
@@ -168,7 +168,8 @@ def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_th
         torch.manual_seed(0)
         model = Prepared(spec, torch.nn.Linear(3, 2), plan_declared(spec, ["input"]))
         job = Job([spec], str(tmp_path), loader, "p", [], str(tmp_path), str(tmp_path / "cache"), 2**30, None, 1)
-        return Coordinator(job, parent).export_and_look_up(model).key
+        (miss,) = Coordinator(job, parent).export_and_look_up(model)
+        return miss.key
 
     assert key("aoti") == key("aoti", loader="aot") == key("aoti", factory="c:d")
     assert len({key("precompile"), key("precompile", loader="aot"), key("precompile", factory="c:d")}) == 3

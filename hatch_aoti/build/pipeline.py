@@ -419,4 +419,11 @@ class Coordination:
         return next((m.path for m in self.settings.models if m.name == name), f"{self.settings.table}.models.{name}")
 
 
-_DOING = {"check": "checking", "export": "exporting", "compile": "compiling", "verify": "verifying", "store": "caching"}
+_DOING = {
+    "check": "checking",
+    "export": "exporting",
+    "compile": "compiling",
+    "verify": "verifying",
+    "tune": "timing the candidates of",
+    "store": "caching",
+}

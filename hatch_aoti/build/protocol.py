@@ -85,7 +85,7 @@ def read_job(kind: type[AnyJob], path: Path) -> AnyJob:
 
 @dataclass(frozen=True)
 class Stage:
-    """A model enters a stage: ``check``, ``export``, ``compile``, ``verify``, ``store``."""
+    """A model enters a stage: ``check``, ``export``, ``compile``, ``verify``, ``tune``, ``store``."""
 
     model: str
     stage: str

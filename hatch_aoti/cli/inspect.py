@@ -68,6 +68,7 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "inductor_configs": configs,
         "verification": entry.get("verification"),
         "needs": entry.get("needs", {}),
+        "tuning": entry.get("tuning"),
         "files": [
             {"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": target.size(directory / rel), "recorded_sha256": digest}
             for rel, digest in recorded_files(entry).items()
@@ -119,6 +120,12 @@ def show(data: dict[str, Any], out: Output) -> None:
         out.line(f"  verified at build: {_verified(m['verification'])}")
         for what, need in m["needs"].items():
             out.line(f"  needs {what}: {need}")
+        if m["tuning"]:
+            out.line(f"  tuned (times from {m['tuning'].get('timed_on', 'the build machine')}):")
+            for row in m["tuning"].get("candidates", []):
+                mark = " (kept)" if row.get("candidate") == m["tuning"].get("chosen") else ""
+                how = f"{row['ms']:.2f} ms per call" if "ms" in row else f"dropped at {row.get('dropped')}"
+                out.line(f"    {row.get('candidate')}: {how}{mark}")
     files = [*data["files"], *(f for m in data["models"].values() for f in m["files"])]
     out.table(
         ["file (in the package)", "size", "recorded sha256"],

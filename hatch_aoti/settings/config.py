@@ -486,6 +486,11 @@ class ModelTable:
         default="auto",
         check=_weights,
     )
+    tune: bool | None = key(
+        "`aoti`: compile a few candidate settings, verify and time each on the example inputs, and keep the "
+        "fastest (see [Tuning](#tuning))",
+        shown="the table's `tune`",
+    )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
         if ok("weights", "device") and self.weights == "mapped" and self.device != "cpu":
@@ -573,6 +578,7 @@ class Table:
         default="aoti",
         check=_backend,
     )
+    tune: bool = key("default `tune` of the models (`aoti` models; see [Tuning](#tuning))", default=False)
     models: dict[str, ModelTable] = key(
         "one table per model; `<name>` must be a Python identifier",
         required="declare at least one [..models.<name>] table",
@@ -607,6 +613,8 @@ class ModelSpec:
     weights: str = "auto"
     path: str = ""
     """Full TOML path of the model's table, for messages."""
+    tune: bool = False
+    """Compile candidate settings and keep the fastest that verifies (the model's own, or the table's)."""
     weights_bytes: int | None = None
     """Bytes of the exported program's weights, once it is exported (the size-based defaults use it)."""
 
@@ -653,11 +661,18 @@ def parse_settings(
     default = default_target(machine)
     table_raw = raw if isinstance(raw, dict) else {}
     targets = _target_problems(table_raw, table, machine, host_flags() if flags is None else flags, default, problems)
+    if parsed is not None:
+        for name, model in parsed.models.items():
+            if model.tune and (model.backend or parsed.backend) != "aoti":
+                backend = model.backend or parsed.backend
+                problems.add(
+                    f"{table}.models.{name}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
+                )
     problems.raise_if_any()
     assert parsed is not None
     return Settings(
         models=tuple(
-            _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}")
+            _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}", parsed)
             for name, model in parsed.models.items()
         ),
         package=parsed.package,
@@ -668,7 +683,7 @@ def parse_settings(
     )
 
 
-def _spec(name: str, model: ModelTable, target: str, backend: str, path: str) -> ModelSpec:
+def _spec(name: str, model: ModelTable, target: str, backend: str, path: str, parsed: Table) -> ModelSpec:
     return ModelSpec(
         name=name,
         factory=model.factory,
@@ -685,6 +700,7 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str) ->
         backend=backend,
         weights=model.weights,
         path=path,
+        tune=(parsed.tune if model.tune is None else model.tune) and backend == "aoti",
     )
 
 

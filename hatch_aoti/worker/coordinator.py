@@ -34,14 +34,24 @@ class ModelFailure(Exception):
 
 
 class Miss:
-    """A model that was exported and keyed but is not in the cache."""
+    """A model (or one of its tuning candidates) that was exported and keyed but is not in the cache."""
 
-    def __init__(self, model: Prepared, exported: Any, key: str, entry: dict[str, Any], backend: Any) -> None:
+    def __init__(
+        self, model: Prepared, exported: Any, key: str, entry: dict[str, Any], backend: Any, label: str
+    ) -> None:
         self.model, self.exported, self.key, self.entry, self.backend = model, exported, key, entry, backend
+        self.label = label
+        """Its staged name: the model's, or ``<model>--<candidate>`` for a tuning candidate."""
 
     @property
     def name(self) -> str:
         return self.model.spec.name
+
+    @property
+    def candidate(self) -> str | None:
+        from hatch_aoti.worker.tuning import SEPARATOR
+
+        return self.label.partition(SEPARATOR)[2] or None
 
 
 class Coordinator:
@@ -63,6 +73,7 @@ class Coordinator:
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.factories: dict[str, str] = {}
+        self.tunings: dict[str, Any] = {}
 
     def run(self, specs: list[ModelSpec]) -> None:
         self.factories = {spec.name: spec.factory for spec in specs}
@@ -76,19 +87,21 @@ class Coordinator:
         if problems:
             self.emit(protocol.Problems(problems))
             return
-        misses = [m for m in map(self.export_and_look_up, prepared) if m is not None]
+        self.prepared = prepared
+        misses = [m for model in prepared for m in self.export_and_look_up(model)]
         self.compile(misses)
+        self.time_candidates()
         if not self.failed:
             self.write_manifest({s.name: self.entries[s.name] for s in specs})
         self.emit(protocol.Done(_torch_version(), list(self.entries), list(self.failed)))
 
     # -- export, key, cache ---------------------------------------------------------------
 
-    def export_and_look_up(self, model: Prepared) -> Miss | None:
+    def export_and_look_up(self, model: Prepared) -> list[Miss]:
+        """Export the model and look it up (each candidate, if it is tuned); what is left to compile."""
         from hatch_aoti import backends
         from hatch_aoti.settings.cpu_targets import resolve
-        from hatch_aoti.worker.fingerprint import cache_key
-        from hatch_aoti.worker.inputs import call_spec, describe_call, describe_outputs
+        from hatch_aoti.worker import tuning
 
         spec, start = model.spec, time.perf_counter()
         self.emit(protocol.Stage(spec.name, "export"))
@@ -96,28 +109,56 @@ class Coordinator:
             exported = self.export(model)
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
-            return None
+            return []
         spec = model.spec  # with the rules export found
         backend = backends.get(spec.backend)
         cpu = resolve(spec.cpu_target)
         size = weights_size(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
         spec = model.spec = dataclasses.replace(spec, weights=weights, weights_bytes=size)
-        inductor_configs = backend.settings(model.user_configs, cpu, spec)
+        settings = backend.settings(model.user_configs, cpu, spec)
+        if not spec.tune:
+            miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
+            return [miss] if miss else []
+        found = tuning.candidates(settings, model.user_configs)
+        self.tunings[spec.name] = tuning.Tuning(spec.name, list(found), start=start)
+        self.emit(protocol.Info(f"{spec.name}: tuning {len(found)} candidates: {', '.join(found)}"))
+        misses = []
+        for name, configs in found.items():
+            label = f"{spec.name}{tuning.SEPARATOR}{name}"
+            miss = self.look_up(model, exported, backend, cpu, label, configs, start)
+            misses += [miss] if miss else []
+        self.finish_tuning(spec.name)  # every candidate was cached, or failed already
+        return misses
+
+    def look_up(
+        self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
+    ) -> Miss | None:
+        """The model (or candidate ``label``) from the cache, staged; else what compiling it needs."""
+        from hatch_aoti.worker.fingerprint import cache_key
+        from hatch_aoti.worker.inputs import call_spec, describe_call, describe_outputs
+
+        spec = model.spec
+        self.factories[label] = spec.factory
         key = ""
         if self.cache.enabled:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
             names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
-            key = cache_key(exported, spec, model.plan, inductor_configs, {**backend.key(), **names})
+            key = cache_key(exported, spec, model.plan, configs, {**backend.key(), **names})
         try:
-            found = self.cache.lookup(spec.name, key, spec.backend, self.artifacts / spec.name) if key else None
+            found = self.cache.lookup(spec.name, key, spec.backend, self.artifacts / label) if key else None
         except NoSpace as exc:
             self.fail(spec.name, "cache", str(exc))
             return None
         if found is not None:
             record, tier = found
-            self.entries[spec.name] = record["entry"]
-            check = _summary(record["entry"]["verification"], record.get("errors"))
+            entry = {k: v for k, v in record["entry"].items() if k != "tuning"}
+            if label != spec.name:
+                seconds = record["entry"].get("tuning", {}).get("seconds")
+                self.tuned(label, entry, record.get("errors"), seconds, cached=True)
+                return None
+            self.entries[spec.name] = entry
+            check = _summary(entry["verification"], record.get("errors"))
             self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
             return None
         try:
@@ -133,10 +174,10 @@ class Coordinator:
             "device": spec.device,
             "inputs": model.plan.description,
             "dynamic": dynamic_info(model.plan),
-            "inductor_configs": inductor_configs,
+            "inductor_configs": configs,
             "cpu": {"target": cpu.name, "arch": cpu.arch, "features": list(cpu.features)},
         }
-        return Miss(model, exported, key, entry, backend)
+        return Miss(model, exported, key, entry, backend, label)
 
     def export(self, model: Prepared) -> Any:
         """``torch.export``; where it finds that dims are related (a length that must be a multiple of a
@@ -181,9 +222,9 @@ class Coordinator:
 
     def compile(self, misses: list[Miss]) -> None:
         """One share here, the others in compile helpers; models whose backend needs the eager module stay here."""
-        by_name = {m.name: m for m in misses}
-        here, *away = shares([m.name for m in misses if m.backend.in_helpers], self.job.jobs)
-        here += [m.name for m in misses if not m.backend.in_helpers]
+        by_name = {m.label: m for m in misses}
+        here, *away = shares([m.label for m in misses if m.backend.in_helpers], self.job.jobs)
+        here += [m.label for m in misses if not m.backend.in_helpers]
         tasks: list[list[Task]] = []
         for group in away:
             saved = [t for t in (self.task_for(by_name[name]) for name in group) if t is not None]
@@ -206,7 +247,7 @@ class Coordinator:
         """The miss as a helper's task: its program saved to disk; ``None`` if it cannot be saved."""
         import torch
 
-        program = self.stage / "programs" / f"{miss.name}.pt2"
+        program = self.stage / "programs" / f"{miss.label}.pt2"
         program.parent.mkdir(parents=True, exist_ok=True)
         try:
             torch.export.save(miss.exported, program)
@@ -214,10 +255,10 @@ class Coordinator:
             return None
         modules = [miss.model.spec.factory.partition(":")[0]]
         return Task(
-            miss.name,
+            miss.label,
             miss.model.spec.backend,
             str(program),
-            str(self.artifacts / miss.name),
+            str(self.artifacts / miss.label),
             miss.entry["inductor_configs"],
             modules,
         )
@@ -235,7 +276,7 @@ class Coordinator:
             miss.name,
             miss.exported,
             miss.entry["inductor_configs"],
-            self.artifacts / miss.name,
+            self.artifacts / miss.label,
             work,
             module=miss.model.module,
             plan=miss.model.plan,
@@ -267,29 +308,39 @@ class Coordinator:
         import_file(self.loader_name, self.package / f"{self.job.loader}.py", register=True)
 
     def finish(self, miss: Miss, outcome: Outcome) -> None:
-        """Verify a compiled model, and keep it (staged and cached) once it passes."""
+        """Verify a compiled model, and keep it (staged and cached) once it passes; time a candidate."""
         if outcome.error is not None:
-            self.fail(miss.name, "compile", outcome.error)
+            self.fail_or_drop(miss, "compile", outcome.error)
             return
         entry = {**(outcome.files or {}), **miss.entry}
-        entry["files"] = shipped_files(self.artifacts / miss.name, entry)
+        entry["files"] = shipped_files(self.artifacts / miss.label, entry)
         self.emit(protocol.Stage(miss.name, "verify"))
         start = time.perf_counter()
         try:
             entry["verification"], errors = self.verify(miss, entry)
         except ModelFailure as exc:
-            self.fail(miss.name, "verify", str(exc))
+            self.fail_or_drop(miss, "verify", str(exc))
+            return
+        if miss.candidate:  # timed once every compile is done, stored with its time
+            self.tunings[miss.name].untimed[miss.candidate] = (entry, errors, miss)
+            return
+        if not self.store(miss, {"entry": entry, "errors": errors}):
             return
         self.entries[miss.name] = entry
-        seconds = outcome.seconds + time.perf_counter() - start
-        self.emit(protocol.Built(miss.name, seconds, _summary(entry["verification"], errors)))
-        if self.cache.enabled:
-            self.emit(protocol.Stage(miss.name, "store"))
-            try:
-                self.cache.store(miss.name, miss.key, self.artifacts / miss.name, {"entry": entry, "errors": errors})
-            except NoSpace as exc:
-                del self.entries[miss.name]
-                self.fail(miss.name, "cache", str(exc))
+        elapsed = outcome.seconds + time.perf_counter() - start
+        self.emit(protocol.Built(miss.name, elapsed, _summary(entry["verification"], errors)))
+
+    def store(self, miss: Miss, record: dict[str, Any]) -> bool:
+        """Put a verified model (or candidate) in the cache; False where it failed for want of space."""
+        if not self.cache.enabled:
+            return True
+        self.emit(protocol.Stage(miss.name, "store"))
+        try:
+            self.cache.store(miss.name, miss.key, self.artifacts / miss.label, record)
+        except NoSpace as exc:
+            self.fail(miss.name, "cache", str(exc))
+            return False
+        return True
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
         from hatch_aoti.worker.verify import VerificationFailed, verify_model
@@ -297,11 +348,11 @@ class Coordinator:
         spec = miss.model.spec
         if not spec.verify:
             return {"passed": None, "skipped": "verify = false"}, None
-        loader = self.staged_loader({spec.name: entry})
+        loader = self.staged_loader({miss.label: entry})
         try:
-            compiled = loader.load(spec.name)
+            compiled = loader.load(miss.label)
             if getattr(compiled, "weights", None):
-                use_module_weights(miss.model.module, compiled, self.artifacts / spec.name, entry["weights"])
+                use_module_weights(miss.model.module, compiled, self.artifacts / miss.label, entry["weights"])
             plan = miss.model.plan
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
             report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
@@ -314,6 +365,98 @@ class Coordinator:
             if tried["inputs"] in generated:
                 tried["seed"] = plan.seed
         return report, worst
+
+    # -- tuning -----------------------------------------------------------------------------
+
+    def time_candidates(self) -> None:
+        """Time every verified candidate not timed yet, once no compile runs beside the timings: in
+        interleaved rounds, through the loader that ships, on the model's example inputs."""
+        from hatch_aoti.worker.tuning import ROUNDS, SEPARATOR, seconds_per_call
+
+        for name, tuning in self.tunings.items():
+            if not tuning.untimed or name in self.failed:
+                continue
+            model = next(m for m in self.prepared if m.spec.name == name)
+            self.emit(protocol.Stage(name, "tune"))
+            times: dict[str, list[float]] = {c: [] for c in tuning.untimed}
+            loaded = {c: self.staged_loader({f"{name}{SEPARATOR}{c}": e}) for c, (e, _, _) in tuning.untimed.items()}
+            for _ in range(ROUNDS):
+                for candidate in list(times):
+                    try:
+                        call = loaded[candidate].load(f"{name}{SEPARATOR}{candidate}")
+                        times[candidate].append(seconds_per_call(call, model.plan.export_sample))
+                    except Exception as exc:
+                        entry, _, miss = tuning.untimed.pop(candidate)
+                        del times[candidate]
+                        self.fail_or_drop(miss, "tune", f"timing it failed: {type(exc).__name__}: {exc}")
+            for candidate, values in times.items():
+                entry, errors, miss = tuning.untimed.pop(candidate)
+                seconds = sorted(values)[len(values) // 2]
+                if miss.key and not self.store(
+                    miss, {"entry": {**entry, "tuning": {"seconds": seconds}}, "errors": errors}
+                ):
+                    return
+                self.tuned(miss.label, entry, errors, seconds, cached=False)
+
+    def fail_or_drop(self, miss: Miss, stage: str, message: str) -> None:
+        """A model fails; a candidate is only dropped, with one line, and its staged files removed."""
+        import shutil
+
+        if not miss.candidate:
+            self.fail(miss.name, stage, message)
+            return
+        shutil.rmtree(self.artifacts / miss.label, ignore_errors=True)
+        first = message.strip().splitlines()[0] if message.strip() else stage
+        self.emit(protocol.Info(f"{miss.name}: candidate {miss.candidate} dropped at {stage}: {first}"))
+        self.tunings[miss.name].dropped[miss.candidate] = f"{stage}: {first}"
+        self.finish_tuning(miss.name)
+
+    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float | None, *, cached: bool) -> None:
+        """One candidate verified (now or when it was cached); the model is done once all of them are."""
+        from hatch_aoti.worker.tuning import SEPARATOR
+
+        name, _, candidate = label.partition(SEPARATOR)
+        tuning = self.tunings[name]
+        if seconds is None:  # cached by a build that did not tune: timed with the others, not stored again
+            model = next(m for m in self.prepared if m.spec.name == name)
+            tuning.untimed[candidate] = (entry, errors, Miss(model, None, "", entry, None, label))
+            tuning.cached.add(candidate)
+            return
+        tuning.results[candidate] = (entry, errors, seconds)
+        if cached:
+            tuning.cached.add(candidate)
+        how = "from cache" if cached else "verified"
+        self.emit(protocol.Info(f"{name}: candidate {candidate}: {seconds * 1e3:.2f} ms per call, {how}"))
+        self.finish_tuning(name)
+
+    def finish_tuning(self, name: str) -> None:
+        """Once every candidate of ``name`` is in: keep the fastest as the model, remove the others."""
+        import shutil
+
+        from hatch_aoti.worker.tuning import SEPARATOR
+
+        tuning = self.tunings.get(name)
+        if tuning is None or not tuning.complete or name in self.entries or name in self.failed:
+            return
+        best = tuning.best()
+        for candidate in tuning.names:
+            if candidate != best:
+                shutil.rmtree(self.artifacts / f"{name}{SEPARATOR}{candidate}", ignore_errors=True)
+        if best is None:
+            reasons = "; ".join(f"{c}: {why}" for c, why in tuning.dropped.items())
+            self.fail(name, "tune", f"no candidate compiled and verified ({reasons})")
+            return
+        shutil.rmtree(self.artifacts / name, ignore_errors=True)
+        (self.artifacts / f"{name}{SEPARATOR}{best}").rename(self.artifacts / name)
+        entry, errors, _ = tuning.results[best]
+        self.entries[name] = {**entry, "tuning": tuning.record()}
+        self.emit(protocol.Info(f"{name}: tuned: kept {best} (times taken on this machine)"))
+        check = _summary(entry["verification"], errors)
+        elapsed = time.perf_counter() - tuning.start
+        if tuning.cached == set(tuning.results) and not tuning.dropped:
+            self.emit(protocol.Cached(name, elapsed, check, "local"))
+        else:
+            self.emit(protocol.Built(name, elapsed, check))
 
     def fail(self, name: str, stage: str, message: str) -> None:
         self.failed[name] = stage

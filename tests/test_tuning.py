@@ -1,0 +1,193 @@
+"""`tune = true`: the candidates, how the coordinator keeps the fastest, and a real tuned build."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import TABLES, Runtime, build_no_isolation, write_project
+
+from hatch_aoti.build import protocol
+from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.worker import tuning
+from hatch_aoti.worker.coordinator import Coordinator, Miss
+
+
+def test_candidates_keep_the_users_settings_and_drop_duplicates() -> None:
+    settings = {"freezing": True, "cpp.weight_prepack": False}
+    found = tuning.candidates(settings, {})
+    assert list(found) == ["defaults", "cpp-gemm", "concat-linear", "no-freezing"]
+    assert found["defaults"] == settings and found["no-freezing"]["freezing"] is False
+    # the user's settings win: with freezing fixed off, `no-freezing` is `defaults` again
+    fixed = tuning.candidates({**settings, "freezing": False}, {"freezing": False})
+    assert "no-freezing" not in fixed and all(c["freezing"] is False for c in fixed.values())
+
+
+def test_tune_is_read_per_model_and_for_the_table() -> None:
+    models = {
+        "a": {"factory": "m:a", "inputs": [{"shape": [1]}]},
+        "b": {"factory": "m:b", "inputs": [{"shape": [1]}], "tune": False},
+        "c": {"factory": "m:c", "inputs": [{"shape": [1]}], "backend": "precompile"},
+    }
+    specs = {s.name: s for s in parse_settings({"tune": True, "models": models}, machine="x86_64", flags=set()).models}
+    assert (specs["a"].tune, specs["b"].tune, specs["c"].tune) == (True, False, False)
+    assert not parse_settings({"models": models}, machine="x86_64", flags=set()).models[0].tune
+    with pytest.raises(ConfigError) as err:
+        parse_settings({"models": {"c": {**models["c"], "tune": True}}}, machine="x86_64", flags=set())
+    assert f"{TABLES['hatch']}.models.c.tune" in str(err.value) and "'precompile'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse_settings({"tune": "yes", "models": models}, machine="x86_64", flags=set())
+    assert f"{TABLES['hatch']}.tune" in str(err.value)
+
+
+def coordinator(tmp_path: Path, names: list[str]) -> tuple[Coordinator, list[protocol.Event]]:
+    """A coordinator with only what keeping candidates needs: staged directories and its events."""
+    events: list[protocol.Event] = []
+    self = object.__new__(Coordinator)
+    self.emit, self.artifacts = events.append, tmp_path
+    self.entries, self.failed, self.prepared = {}, {}, []
+    self.tunings = {"m": tuning.Tuning("m", names)}
+    for name in names:
+        (tmp_path / f"m--{name}").mkdir()
+        (tmp_path / f"m--{name}" / "lib.so").write_text(name)
+    return self, events
+
+
+def candidate_miss(label: str) -> Miss:
+    return Miss(SimpleNamespace(spec=SimpleNamespace(name="m")), None, "", {}, None, label)  # type: ignore[arg-type]
+
+
+def test_the_fastest_verified_candidate_is_kept_and_a_failing_one_dropped(tmp_path: Path) -> None:
+    self, events = coordinator(tmp_path, ["defaults", "cpp-gemm", "no-freezing"])
+    entry = {"verification": {"passed": True, "tried": []}}
+    self.tuned("m--defaults", entry, None, 0.003, cached=False)
+    self.fail_or_drop(candidate_miss("m--cpp-gemm"), "compile", "the aoti backend failed: boom\nmore")
+    assert "m" not in self.entries, "not before every candidate is in"
+    self.tuned("m--no-freezing", entry, None, 0.002, cached=True)
+    assert self.entries["m"]["tuning"] == {
+        "chosen": "no-freezing",
+        "candidates": [
+            {"candidate": "defaults", "ms": 3.0},
+            {"candidate": "cpp-gemm", "dropped": "compile: the aoti backend failed: boom"},
+            {"candidate": "no-freezing", "ms": 2.0},
+        ],
+        "timed_on": "the build machine, the example inputs",
+    }
+    assert [p.name for p in tmp_path.iterdir()] == ["m"] and (tmp_path / "m" / "lib.so").read_text() == "no-freezing"
+    lines = [e.message for e in events if isinstance(e, protocol.Info)]
+    assert "m: candidate cpp-gemm dropped at compile: the aoti backend failed: boom" in lines
+    assert "m: tuned: kept no-freezing (times taken on this machine)" in lines
+    assert isinstance(events[-1], protocol.Built) and not self.failed
+
+
+def test_a_model_whose_candidates_all_fail_fails(tmp_path: Path) -> None:
+    self, events = coordinator(tmp_path, ["defaults", "cpp-gemm"])
+    for label in ("m--defaults", "m--cpp-gemm"):
+        self.fail_or_drop(candidate_miss(label), "verify", "output[0]: mismatch")
+    assert self.failed == {"m": "tune"} and not list(tmp_path.iterdir())
+    (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
+    assert failed.message == (
+        "no candidate compiled and verified "
+        "(defaults: verify: output[0]: mismatch; cpp-gemm: verify: output[0]: mismatch)"
+    )
+
+
+# -- a real tuned build ---------------------------------------------------------------------
+
+MODELS = """
+    import torch
+    from torch import nn
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32), nn.LayerNorm(32)).eval()
+"""
+HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti]
+    tune = true
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.mlp]
+    factory = "tunepkg.models:mlp"
+    inputs = [{ shape = [8, 64] }]
+"""
+
+
+@pytest.fixture(scope="session")
+def tuned_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    project = write_project(tmp_path_factory.mktemp("tune") / "proj", "tunepkg", HOOK, {"models.py": MODELS})
+    proc = build_no_isolation(project, project / "dist")
+    (wheel,) = (project / "dist").glob("*.whl")
+    return project, wheel, proc.stdout + proc.stderr
+
+
+@pytest.mark.integration
+def test_a_tuned_build_times_every_candidate_and_keeps_one(
+    tuned_build: tuple[Path, Path, str], runtime: Runtime, tmp_path: Path
+) -> None:
+    import torch
+
+    project, wheel, log = tuned_build
+    assert "aoti: mlp: tuning 4 candidates: defaults, cpp-gemm, concat-linear, no-freezing" in log, log
+    for name in ("defaults", "cpp-gemm", "concat-linear", "no-freezing"):
+        assert re.search(rf"^aoti: mlp: candidate {name}: [0-9.]+ ms per call, verified$", log, re.M), log
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+        names = zf.namelist()
+    assert not [n for n in names if tuning.SEPARATOR in n], "only the kept candidate ships"
+    sys.path.insert(0, str(project))
+    try:
+        from tunepkg.models import mlp
+    finally:
+        sys.path.remove(str(project))
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    result = runtime.json(
+        f"""
+        import json, sys; sys.path.insert(0, {str(site)!r})
+        import torch
+        from tunepkg import compiled
+        y = compiled.load("mlp")(torch.load({str(tmp_path / "x.pt")!r}))
+        torch.save(y, {str(tmp_path / "y.pt")!r})
+        print(json.dumps(compiled.info("mlp")["tuning"]))
+        """
+    )
+    assert f"aoti: mlp: tuned: kept {result['chosen']} (times taken on this machine)" in log
+    assert [r["candidate"] for r in result["candidates"]] == ["defaults", "cpp-gemm", "concat-linear", "no-freezing"]
+    kept = min(result["candidates"], key=lambda r: r["ms"])
+    assert kept["candidate"] == result["chosen"] and all(r["ms"] > 0 for r in result["candidates"])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), mlp()(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_a_tuned_rebuild_takes_every_candidate_from_the_cache(tuned_build: tuple[Path, Path, str]) -> None:
+    project, wheel, _ = tuned_build
+    out = project / "dist-again"
+    proc = build_no_isolation(project, out, env={**os.environ})
+    log = proc.stdout + proc.stderr
+    assert log.count("ms per call, from cache") == 4 and "aoti: mlp: from cache in" in log, log
+    (again,) = out.glob("*.whl")
+    assert again.read_bytes() == wheel.read_bytes()
+    with zipfile.ZipFile(again) as zf:
+        manifest = json.loads(zf.read("tunepkg/_aoti/manifest.json"))
+    assert manifest["models"]["mlp"]["tuning"]["chosen"]
+
+
+@pytest.mark.integration
+def test_inspect_shows_each_candidate_and_the_one_kept(
+    tuned_build: tuple[Path, Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hatch_aoti.cli import main
+
+    assert main(["inspect", str(tuned_build[1])]) == 0
+    text = capsys.readouterr().out
+    assert "tuned (times from the build machine, the example inputs):" in text, text
+    assert re.search(r"^ +[a-z-]+: [0-9.]+ ms per call \(kept\)$", text, re.M), text
+    assert text.count(" ms per call") == 4
