@@ -134,6 +134,7 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
         cwd=str(project),
         cache=str(work / "cache2"),
         cache_max_size=2**40,
+        remote=None,
         jobs=1,
     )
     protocol.write_job(job, stage / "job.json")

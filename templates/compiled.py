@@ -911,7 +911,12 @@ class _Container:
     def __init__(self, torch: Any, so_path: str, instances: int) -> None:
         import ctypes
 
-        self._ctypes, self._aoti = ctypes, torch._C._aoti
+        self._ctypes = ctypes
+        aoti = torch._C._aoti  # tensors to the C interface's handles and back (private torch API)
+        self._to_handles, self._from_handles = (
+            aoti.unsafe_alloc_void_ptrs_from_tensors,
+            aoti.alloc_tensors_by_stealing_from_void_ptrs,
+        )
         self._lib = ctypes.CDLL(so_path)
         handle, size, p, n = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_bool
         prototypes: dict[str, list[Any]] = {
@@ -976,14 +981,14 @@ class _Container:
     def _handles(self, tensors: list[Any]) -> list[int]:
         """New tensor handles (the C interface's ``AtenTensorHandle``) of ``tensors``."""
         pointer = self._pointer
-        return [pointer(c, None) for c in self._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)]
+        return [pointer(c, None) for c in self._to_handles(tensors)]
 
     def run(self, inputs: list[Any]) -> list[Any]:
         handles = self._inputs(*self._handles(inputs))  # the run steals them
         outputs = self._outputs()
         self._check(self._run(self._handle, handles, self._n_in, outputs, self._n_out, None, None))
         capsule = self._capsule
-        return self._aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(h, None, None) for h in outputs])  # type: ignore[no-any-return]
+        return self._from_handles([capsule(h, None, None) for h in outputs])  # type: ignore[no-any-return]
 
     def get_call_spec(self) -> list[str]:
         specs = self._ctypes.c_char_p(), self._ctypes.c_char_p()

@@ -144,6 +144,7 @@ def test_fallback_to_public_loader_warns_once_and_works(sample_installed: Runtim
         """
         import json, warnings, torch
         del torch._C._aoti.AOTIModelContainerRunnerCpu   # a torch without the private runner
+        del torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors  # nor the handles of its C interface
         from sample_models import compiled
         from sample_models.models import build_mlp
         with warnings.catch_warnings(record=True) as caught:
