@@ -937,7 +937,6 @@ class _Container:
         self._check(self._api["CreateWithDevice"](ctypes.byref(self._handle), instances, b"cpu", None))
         self._n_in, self._n_out = self._count("GetNumInputs"), self._count("GetNumOutputs")
         self._inputs, self._outputs = ctypes.c_void_p * self._n_in, ctypes.c_void_p * self._n_out
-        self._run = self._api["Run"]
         # torch hands tensor handles over as capsules of the pointer the C interface takes
         self._pointer, self._capsule = ctypes.pythonapi.PyCapsule_GetPointer, ctypes.pythonapi.PyCapsule_New
         self._pointer.argtypes, self._pointer.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
@@ -946,6 +945,7 @@ class _Container:
             ctypes.py_object,
         )
         self._kept: list[Any] = []  # user-managed constants and their handles: the container does not own them
+        self.run = self._runner()
 
     def _function(self, name: str, argtypes: list[Any]) -> Any:
         function = getattr(self._lib, f"AOTInductorModelContainer{name}")
@@ -983,12 +983,27 @@ class _Container:
         pointer = self._pointer
         return [pointer(c, None) for c in self._to_handles(tensors)]
 
-    def run(self, inputs: list[Any]) -> list[Any]:
-        handles = self._inputs(*self._handles(inputs))  # the run steals them
-        outputs = self._outputs()
-        self._check(self._run(self._handle, handles, self._n_in, outputs, self._n_out, None, None))
-        capsule = self._capsule
-        return self._from_handles([capsule(h, None, None) for h in outputs])  # type: ignore[no-any-return]
+    def _runner(self) -> Callable[[list[Any]], list[Any]]:
+        """``run``, with everything it touches bound once: this is every call's path."""
+        ctypes, check, pointer, capsule = self._ctypes, self._check, self._pointer, self._capsule
+        to_handles, from_handles, inputs_type, outputs_type = (
+            self._to_handles,
+            self._from_handles,
+            self._inputs,
+            self._outputs,
+        )
+        c_run = self._lib["AOTInductorModelContainerRun"]  # its own function object: arguments go as they are
+        handle, n_in, n_out = self._handle, ctypes.c_size_t(self._n_in), ctypes.c_size_t(self._n_out)
+
+        def run(inputs: list[Any]) -> list[Any]:
+            outputs = outputs_type()
+            handles = inputs_type(*[pointer(c, None) for c in to_handles(inputs)])  # the run steals them
+            status = c_run(handle, handles, n_in, outputs, n_out, None, None)
+            if status:
+                check(status)
+            return from_handles([capsule(h, None, None) for h in outputs])  # type: ignore[no-any-return]
+
+        return run
 
     def get_call_spec(self) -> list[str]:
         specs = self._ctypes.c_char_p(), self._ctypes.c_char_p()
