@@ -219,7 +219,7 @@ def main() -> None:
         site, seconds, log = build(models, args.tune, work)
         print(f"built {len(models)} models in {seconds:.0f} s ({'tune = true' if args.tune else 'defaults'})")
         for line in log.splitlines():
-            if line.startswith("aoti:") and ("tune" in line or "compiled" in line):
+            if line.startswith("aoti:") and any(w in line for w in ("tune", "candidate", "compiled")):
                 print(f"  {line}")
         sys.path.insert(0, str(site))
         from peerpkg import compiled

@@ -14,6 +14,7 @@ checked against the eager models then.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -28,13 +29,15 @@ Entry = dict[str, Any]
 Leaf = dict[str, Any]
 """What one flattened input must be (the entry's ``call``)."""
 
-__all__ = ["info", "load", "names", "save_pt2"]
+__all__ = ["fetch", "info", "load", "names", "save_pt2"]
 
 _HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_aoti")
 with open(os.path.join(_HERE, "manifest.json"), encoding="utf-8") as _f:
     _MANIFEST = json.load(_f)
 _MODELS: dict[str, Entry] = _MANIFEST["models"]
 _LOCK = threading.Lock()
+#: This module's import name, also when it runs as ``python -m <package>.<loader>``.
+_NAME = getattr(__spec__, "name", None) or __name__
 _LOADED: dict[str, Callable[..., Any]] = {}
 
 
@@ -57,6 +60,9 @@ def info(name: str) -> dict[str, Any]:
     entry["file"] = os.path.join(_HERE, name, entry["file"])
     entry["torch"] = _MANIFEST["torch"]
     entry["hatch_aoti"] = _MANIFEST["hatch_aoti"]
+    state = _weights_state(name)
+    if state is not None:
+        entry["weights_source"] = state
     return entry
 
 
@@ -121,7 +127,7 @@ def _mapped_weights(
     name; ``constants`` maps each to its name in the weights index (or in ``places``)."""
     weights = entry["weights"]
     places = weights["tensors"] if places is None else places
-    path = os.path.join(_HERE, name, weights["file"])
+    path = _weights_path(name, entry)
     blob = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
     views = {}
     for constant, fqn in constants.items():
@@ -132,6 +138,255 @@ def _mapped_weights(
             t["shape"], t["stride"], t["offset"] // data.element_size() + t["storage_offset"]
         )
     return views
+
+
+# -- external weights: fetched once into a per-user cache, verified, then mapped like shipped ones --
+
+#: Where fetched weights files live: this variable, else the platform's cache directory.
+WEIGHTS_CACHE_VARIABLE = "HATCH_AOTI_WEIGHTS_CACHE"
+#: Seconds a fetch may wait for the server at a time (connecting, or for the next bytes).
+WEIGHTS_TIMEOUT_VARIABLE = "HATCH_AOTI_WEIGHTS_TIMEOUT"
+_CHUNK = 1 << 20
+
+
+def _weights_path(name: str, entry: Entry) -> str:
+    """The weights file to map: the one shipped beside the library, or an external one, fetched if needed."""
+    weights = entry["weights"]
+    if "external" not in weights:
+        return os.path.join(_HERE, name, weights["file"])
+    return _fetched(name, weights)
+
+
+def _weights_cache() -> str:
+    root = os.environ.get(WEIGHTS_CACHE_VARIABLE)
+    if root:
+        return root
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hatch-aoti", "weights")
+
+
+def _weights_url(name: str, external: dict[str, Any]) -> str:
+    override = os.environ.get(f"HATCH_AOTI_WEIGHTS_URL_{name.upper()}")
+    return str(override or external["url"]).replace("{file}", external["file"])
+
+
+def _weights_state(name: str) -> dict[str, Any] | None:
+    """Where an external model's weights come from and whether they are in the cache (``info()``, the CLI)."""
+    weights = _entry(name).get("weights", {})
+    external = weights.get("external")
+    if external is None:
+        return None
+    path = os.path.join(_weights_cache(), external["file"])
+    return {
+        "url": _weights_url(name, external),
+        "size": external["size"],
+        "sha256": weights["sha256"],
+        "path": path,
+        "cached": _trusted(path, external["size"]),
+    }
+
+
+def _trusted(path: str, size: int) -> bool:
+    """A cached file whose size and modification time are those it had when it was verified."""
+    try:
+        with open(f"{path}.verified", encoding="utf-8") as f:
+            stamp = json.load(f)
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(stamp, dict) and stamp.get("size") == st.st_size == size and stamp.get("mtime_ns") == st.st_mtime_ns
+    )
+
+
+def _stamp(path: str) -> None:
+    st = os.stat(path)
+    with open(f"{path}.verified", "w", encoding="utf-8") as f:
+        json.dump({"size": st.st_size, "mtime_ns": st.st_mtime_ns}, f)
+
+
+def _fetched(name: str, weights: dict[str, Any]) -> str:
+    """The cached, verified weights file of model ``name``; fetched (and checked) first if it is not."""
+    external, sha = weights["external"], weights["sha256"]
+    directory = _weights_cache()
+    path = os.path.join(directory, external["file"])
+    if _trusted(path, external["size"]) or _checked_in_place(path, sha):
+        return path
+    url = _weights_url(name, external)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with _locked(os.path.join(directory, f"{external['file']}.lock")):
+            if _trusted(path, external["size"]):  # another process fetched it meanwhile
+                return path
+            if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+                raise RuntimeError(
+                    f"compiled model {name!r}: its weights are not in the cache ({path}) and HF_HUB_OFFLINE is set; "
+                    f"they come from {url}: fetch them beforehand with `python -m {_NAME} fetch {name}` on a "
+                    f"machine that is online, or copy the file there"
+                )
+            _download(name, url, path, external["size"], sha)
+            _stamp(path)
+            return path
+    except RuntimeError:
+        raise
+    except OSError as exc:
+        raise RuntimeError(_disk_problem(name, directory, external["size"], exc)) from None
+
+
+def _checked_in_place(path: str, sha: str) -> bool:
+    """A cached file not known to be verified (copied in by hand, or changed since): hashed now. A wrong
+    one is removed where the cache is writable; a right one is trusted from now on."""
+    if not os.path.exists(path):
+        return False
+    if _digest_of(path) == sha:
+        with contextlib.suppress(OSError):  # a read-only cache (an image's mirror): checked again next time
+            _stamp(path)
+        return True
+    for stale in (path, f"{path}.verified"):
+        with contextlib.suppress(OSError):
+            os.remove(stale)
+    return False
+
+
+def _disk_problem(name: str, directory: str, size: int, exc: OSError) -> str:
+    import errno
+
+    where = f"compiled model {name!r}: cannot store its weights in {directory}"
+    if exc.errno == errno.ENOSPC:
+        need = f"{size / 2**20:.0f} MiB needed"
+        return f"{where}: not enough disk space ({need}); free some, or set {WEIGHTS_CACHE_VARIABLE}"
+    return f"{where} ({exc.strerror or exc}); set {WEIGHTS_CACHE_VARIABLE} to a writable directory"
+
+
+class _locked:
+    """An exclusive lock on ``path`` (between processes) for as long as the ``with`` lasts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # releases the lock
+
+
+def _digest_of(path: str, hasher: Any = None) -> str:
+    import hashlib
+
+    hasher = hasher or hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+    return str(hasher.hexdigest())
+
+
+def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
+    """Fetch ``url`` into ``path``: resumed where an earlier fetch stopped (HTTP Range), hashed as it is
+    written, and renamed into place only once its size and sha256 are the ones the wheel records."""
+    import hashlib
+    import urllib.parse
+    import urllib.request
+
+    part = f"{path}.part"
+    hasher = hashlib.sha256()
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    if have > size:
+        os.remove(part)
+        have = 0
+    if have:
+        _digest_of(part, hasher)
+    request = urllib.request.Request(url, headers={"User-Agent": "hatch-aoti-loader"})
+    host = urllib.parse.urlsplit(url).hostname or ""
+    token = os.environ.get("HF_TOKEN")
+    if token and (host == "huggingface.co" or host.endswith(".huggingface.co")):
+        request.add_header("Authorization", f"Bearer {token}")
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    timeout = float(os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or 30)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            if have and getattr(response, "status", 200) != 206:  # the server sends it all again
+                have, hasher = 0, hashlib.sha256()
+            with open(part, "ab" if have else "wb") as out:
+                while chunk := response.read(_CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    have += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+    except Exception as exc:
+        if _local_fault(exc):  # the cache's disk, not the server
+            raise
+        raise RuntimeError(_fetch_problem(name, url, exc)) from None
+    if have < size:  # the server stopped early: what came is kept for the next try to resume from
+        raise RuntimeError(
+            _fetch_problem(name, url, ConnectionError(f"the connection closed after {have} of {size} bytes"))
+        )
+    if have != size or hasher.hexdigest() != sha:
+        os.remove(part)
+        got = f"{have} bytes" if have != size else f"sha256 {hasher.hexdigest()}"
+        raise RuntimeError(
+            f"compiled model {name!r}: the weights fetched from {url} are not the ones it was built with "
+            f"(expected {size} bytes with sha256 {sha}, got {got}); the download was removed. Check that the "
+            f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
+        )
+    os.replace(part, path)
+
+
+def _local_fault(exc: Exception) -> bool:
+    import errno
+    import urllib.error
+
+    local = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
+    return isinstance(exc, OSError) and not isinstance(exc, urllib.error.URLError) and exc.errno in local
+
+
+def _fetch_problem(name: str, url: str, exc: Exception) -> str:
+    import urllib.error
+
+    where = f"compiled model {name!r}: cannot fetch its weights from {url}"
+    if isinstance(exc, urllib.error.HTTPError):
+        hint = " (a gated or private repository needs HF_TOKEN)" if exc.code in (401, 403) else ""
+        return (
+            f"{where}: HTTP {exc.code} {exc.reason}{hint}; check the URL, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()}"
+        )
+    reason = getattr(exc, "reason", None) or exc
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        reason = f"no answer within {os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or 30} s ({WEIGHTS_TIMEOUT_VARIABLE})"
+    return (
+        f"{where}: {reason}. Offline? Fetch them beforehand with `python -m {_NAME} fetch {name}`, or set "
+        f"HATCH_AOTI_WEIGHTS_URL_{name.upper()} to a mirror; an interrupted fetch resumes where it stopped"
+    )
+
+
+def fetch(*models: str) -> dict[str, str]:
+    """Fetch and verify the external weights of ``models`` (all that have them, if none are named); their paths."""
+    found = {}
+    for name in models or [n for n in _MODELS if "external" in _MODELS[n].get("weights", {})]:
+        weights = _entry(name).get("weights", {})
+        if "external" in weights:
+            found[name] = _fetched(name, weights)
+    return found
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m <package>.<loader> fetch [NAME...]``: what an image build or an air-gapped host runs."""
+    import sys
+
+    if not argv or argv[0] != "fetch":
+        print(f"usage: python -m {_NAME} fetch [NAME...]", file=sys.stderr)
+        return 2
+    try:
+        for name, path in fetch(*argv[1:]).items():
+            print(f"{name}: {path}")
+    except (RuntimeError, KeyError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _pickled_weights(name: str, entry: Entry) -> dict[str, Callable[[IO[bytes]], None]]:
@@ -1061,3 +1316,9 @@ def _public_runner(name: str, entry: Entry) -> Any:
     loaded = load_pt2(archive, load_weights_from_disk="weights" in entry, num_runners=_instances())
     (runner,) = loaded.aoti_runners.values()
     return runner
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -19,7 +19,7 @@ class AotiBackend(Backend):
     in_helpers = True
 
     def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
-        mapped = MAPPED_WEIGHTS if spec.weights == "mapped" and spec.device == "cpu" else {}
+        mapped = MAPPED_WEIGHTS if spec.weights in ("mapped", "external") and spec.device == "cpu" else {}
         return inductor_configs({**fast_defaults(spec), **mapped, **user_configs}, cpu)
 
     def compile(self, request: Request) -> dict[str, Any]:

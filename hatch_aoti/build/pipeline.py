@@ -126,6 +126,10 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     Coordination(job, stage, settings, report).run()
     preparing.join()
     package = stage / "package"
+    if not editable:
+        from hatch_aoti.build.external import publish
+
+        publish(settings, project.root, package, report)
     tag = None if editable else _tag(package)
     if tag is not None and tag[1]:
         report.warning(f"aoti: tagging the wheel {tag[0]}: {tag[1]}")

@@ -63,7 +63,12 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "cpu": entry["cpu"],
         "runs_here": not problems,
         "problems": problems,
-        "weights": "mapped" if "weights" in entry else "in the library",
+        "weights": "external"
+        if "external" in entry.get("weights", {})
+        else "mapped"
+        if "weights" in entry
+        else "in the library",
+        "weights_source": machine.weights_source(target, name) if "external" in entry.get("weights", {}) else None,
         "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
@@ -118,6 +123,14 @@ def show(data: dict[str, Any], out: Output) -> None:
         out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
         out.line(f"  weights {m['weights']}; kernel profiling {'compiled in' if m['kernel_profile'] else 'off'}")
         out.line(f"  verified at build: {_verified(m['verification'])}")
+        source = m["weights_source"]
+        if source:
+            cached = "cached here" if source.get("cached") else "not cached here yet"
+            out.line(
+                f"  weights from {source.get('url', '?')}: {cached}"
+                if "url" in source
+                else f"  weights: {source['problem']}"
+            )
         for what, need in m["needs"].items():
             out.line(f"  needs {what}: {need}")
         if m["tuning"]:

@@ -3,6 +3,8 @@ but for CUDA models): the wheel's torch requirement here, the rest by the loader
 
 from __future__ import annotations
 
+from typing import Any
+
 from hatch_aoti.cli.target import Target
 
 
@@ -49,3 +51,12 @@ def problems(target: Target, name: str) -> list[str]:
     except Exception as exc:
         found.append(f"the loader cannot be imported or asked: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     return found
+
+
+def weights_source(target: Target, name: str) -> dict[str, Any] | None:
+    """Where an external model's weights come from and whether they are cached here, as its loader says."""
+    try:
+        state = getattr(target.loader(), "_weights_state", None)
+        return state(name) if state is not None else None
+    except Exception as exc:
+        return {"problem": f"the loader cannot tell: {type(exc).__name__}: {str(exc).splitlines()[0]}"}

@@ -329,7 +329,31 @@ def _cpu_target(value: str, path: str, problems: Problems) -> Any:
     return _INVALID
 
 
-WEIGHTS = ("auto", "mapped", "embedded")
+WEIGHTS = ("auto", "mapped", "embedded", "external")
+#: Schemes a `weights-url` may use: the pinned sha256 guards the bytes whatever the transport.
+WEIGHTS_URL_SCHEMES = ("https", "http", "file")
+
+
+def _weights_url(value: str, path: str, problems: Problems) -> Any:
+    import string
+    import urllib.parse
+
+    scheme = urllib.parse.urlsplit(value).scheme
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError:
+        fields = None
+    if scheme not in WEIGHTS_URL_SCHEMES:
+        problems.add(path, f"must be an {', '.join(s + '://' for s in WEIGHTS_URL_SCHEMES)} URL, not {value!r}")
+    elif fields is None or fields != ["file"]:
+        problems.add(
+            path,
+            f"must name the weights file once as `{{file}}`, and nothing else in braces (got {value!r}); "
+            "e.g. https://huggingface.co/<repo>/resolve/<revision>/{file}",
+        )
+    else:
+        return value
+    return _INVALID
 
 
 def _weights(value: str, path: str, problems: Problems) -> Any:
@@ -486,6 +510,12 @@ class ModelTable:
         default="auto",
         check=_weights,
     )
+    weights_url: str | None = key(
+        '`weights = "external"`: where the weights file is served, `{file}` standing for its name '
+        "(see [External weights](#external-weights))",
+        check=_weights_url,
+        expected="a URL string",
+    )
     tune: bool | None = key(
         "`aoti`: compile a few candidate settings, verify and time each on the example inputs, and keep the "
         "fastest (see [Tuning](#tuning))",
@@ -493,6 +523,13 @@ class ModelTable:
     )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
+        if ok("weights", "weights_url"):
+            if self.weights == "external" and self.weights_url is None:
+                problems.add(f"{path}.weights-url", 'is required with `weights = "external"`: where the file is served')
+            elif self.weights != "external" and self.weights_url is not None:
+                problems.add(f"{path}.weights-url", 'applies only with `weights = "external"`')
+        if ok("weights", "device") and self.weights == "external" and self.device != "cpu":
+            problems.add(f"{path}.weights", f"`external` is for CPU models, not {self.device}")
         if ok("weights", "device") and self.weights == "mapped" and self.device != "cpu":
             problems.add(
                 f"{path}.weights",
@@ -579,6 +616,11 @@ class Table:
         check=_backend,
     )
     tune: bool = key("default `tune` of the models (`aoti` models; see [Tuning](#tuning))", default=False)
+    weights_dir: str = key(
+        'where a build writes the files of `weights = "external"` models, relative to the project '
+        "(kept out of `dist/`, so that `twine upload dist/*` uploads only the wheel)",
+        default="dist-weights",
+    )
     models: dict[str, ModelTable] = key(
         "one table per model; `<name>` must be a Python identifier",
         required="declare at least one [..models.<name>] table",
@@ -613,6 +655,8 @@ class ModelSpec:
     weights: str = "auto"
     path: str = ""
     """Full TOML path of the model's table, for messages."""
+    weights_url: str | None = None
+    """``weights = "external"``: the URL template of the weights file."""
     tune: bool = False
     """Compile candidate settings and keep the fastest that verifies (the model's own, or the table's)."""
     weights_bytes: int | None = None
@@ -643,6 +687,8 @@ class Settings:
     cpu_target: str | None = None
     table: str = HATCH_TABLE
     """The TOML path the user wrote the settings under."""
+    weights_dir: str = "dist-weights"
+    """Where external weights files go, relative to the project."""
 
 
 def parse_settings(
@@ -663,6 +709,8 @@ def parse_settings(
     targets = _target_problems(table_raw, table, machine, host_flags() if flags is None else flags, default, problems)
     if parsed is not None:
         for name, model in parsed.models.items():
+            if model.weights == "external" and (model.backend or parsed.backend) != "aoti":
+                problems.add(f"{table}.models.{name}.weights", "`external` weights are for `aoti` models")
             if model.tune and (model.backend or parsed.backend) != "aoti":
                 backend = model.backend or parsed.backend
                 problems.add(
@@ -680,6 +728,7 @@ def parse_settings(
         torch_requirement=parsed.torch_requirement,
         cpu_target=parsed.cpu_target or default,
         table=table,
+        weights_dir=parsed.weights_dir,
     )
 
 
@@ -701,6 +750,7 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str, pa
         weights=model.weights,
         path=path,
         tune=(parsed.tune if model.tune is None else model.tune) and backend == "aoti",
+        weights_url=model.weights_url,
     )
 
 

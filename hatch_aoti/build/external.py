@@ -1,0 +1,60 @@
+"""``weights = "external"``: a model's weights file leaves the wheel for a directory of files to upload.
+
+The file is the one the build verified, byte for byte, named by its sha256; the manifest
+records where it is served, its size and its digest, and the loader fetches it at first load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hatch_aoti.build import manifest
+from hatch_aoti.build.artifacts import ARTIFACT_DIR
+from hatch_aoti.settings.config import Settings
+
+#: A package index's default limit per file (PyPI's): above it, the build says how to stay under.
+INDEX_LIMIT = 100 * 10**6
+
+
+def publish(settings: Settings, root: Path, package: Path, report: Any) -> None:
+    """Move each external model's weights out of the staged package into ``weights-dir``; say what to upload."""
+    external = [m for m in settings.models if m.weights == "external"]
+    if external:
+        data = manifest.read(package)
+        target = root / settings.weights_dir
+        for spec in external:
+            entry = data["models"][spec.name]
+            weights = entry["weights"]  # type: ignore[typeddict-item]
+            source = package / ARTIFACT_DIR / spec.name / weights["file"]
+            name, size = f"{weights['sha256']}.bin", source.stat().st_size
+            _place(source, target / name)
+            entry.get("files", {}).pop(weights["file"], None)
+            weights["external"] = {"url": spec.weights_url, "file": name, "size": size}
+            url = str(spec.weights_url).replace("{file}", name)
+            mib = size / 2**20
+            report.info(f"aoti: {spec.name}: weights are external: upload {target / name} ({mib:.1f} MiB) to {url}")
+        manifest.write(package, data)
+    total = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
+    if total > INDEX_LIMIT:
+        report.warning(
+            f"aoti: warning: the wheel's models take {total / 10**6:.0f} MB, above the {INDEX_LIMIT // 10**6} MB a "
+            'package index such as PyPI takes per file; `weights = "external"` keeps the weights out of the wheel'
+        )
+
+
+def _place(source: Path, dest: Path) -> None:
+    """``source`` at ``dest``, whole or not at all; a file already there under its digest's name stays."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and dest.stat().st_size == source.stat().st_size:
+        source.unlink()
+        return
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
+        shutil.move(str(source), part)
+        part.chmod(0o644)
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
