@@ -248,3 +248,35 @@ def test_validate_pyproject_checks_the_table_with_the_schema() -> None:
         with pytest.raises(Exception, match=where) as info:
             validator({**document, "tool": {"hatch-aoti": misspelt}})
         assert type(info.value).__name__ in ("ValidationError", "JsonSchemaValueException"), info.value
+
+
+@pytest.mark.parametrize(
+    "model, where, text",
+    [
+        ({"weights": "external"}, "m.weights-url", 'is required with `weights = "external"`'),
+        ({"weights-url": "https://h/{file}"}, "m.weights-url", 'applies only with `weights = "external"`'),
+        ({"weights": "external", "weights-url": "ftp://h/{file}"}, "m.weights-url", "must be an https://, http://"),
+        ({"weights": "external", "weights-url": "https://h/w.bin"}, "m.weights-url", "must name the weights file"),
+        ({"weights": "external", "weights-url": "https://h/{rev}/{file}"}, "m.weights-url", "nothing else in braces"),
+        ({"weights": "external", "weights-url": "https://h/{file"}, "m.weights-url", "must name the weights file"),
+        ({"weights": "external", "weights-url": "https://h/{file}", "device": "cuda"}, "m.weights", "for CPU models"),
+        ({"weights": "external", "weights-url": "https://h/{file}", "backend": "precompile"}, "m.weights", "`aoti`"),
+    ],
+)
+def test_external_weights_are_checked(model: dict, where: str, text: str) -> None:
+    found = problems({"models": {"m": {"factory": "a:b", "inputs": [{"shape": [1]}], **model}}})
+    assert text in found[f"{M}.{where.removeprefix('m.')}".replace(f"{M}.", f"{M}.m.")], found
+
+
+def test_external_weights_take_hub_static_and_file_urls() -> None:
+    for url in (
+        "https://huggingface.co/org/repo/resolve/0123abc/{file}",
+        "http://127.0.0.1:8000/{file}",
+        "file:///mirror/weights/{file}",
+    ):
+        raw = {
+            "models": {"m": {"factory": "a:b", "inputs": [{"shape": [1]}], "weights": "external", "weights-url": url}}
+        }
+        (model,) = parse_settings(raw).models
+        assert model.weights_url == url
+    assert parse_settings(raw).weights_dir == "dist-weights"
