@@ -68,7 +68,7 @@ if "--hold" in sys.argv:
 
 STAGES = """
 import json, sys, threading, time
-from hatch_aoti.build import children
+from hatch_aoti.pipeline import children
 from hatch_aoti.worker import coordinator
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
@@ -79,7 +79,7 @@ def sample():
         time.sleep(0.005)
 threading.Thread(target=sample, daemon=True).start()
 log = open(sys.argv[2], "w")
-from hatch_aoti.build import protocol
+from hatch_aoti.pipeline import protocol
 emit = children.Parent.emit
 def logged(self, event):
     kind = type(event).__name__.lower()
@@ -114,8 +114,8 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
     weights laid out for mapping), measured alone on the package torch's loader reads."""
     import json
 
-    from hatch_aoti.build import protocol
     from hatch_aoti.frontends.hatch import hook_settings
+    from hatch_aoti.pipeline import protocol
 
     try:
         import tomllib

@@ -5,7 +5,8 @@ file is the real, typed one:
 - ``helper``: for each task, does what ``script[model]`` says: ``ok`` (reports a compiled
   model), ``big`` (the same, with files described in more bytes than a pipe holds), ``fail``
   (reports a failure), ``die`` (SIGKILLs itself before reporting).
-- ``coordinator``: emits ``events`` in order, then ends as ``end`` says (``exit`` or ``die``).
+- ``coordinator``: emits ``events`` in order, sleeps ``sleep`` seconds, then ends as ``end`` says
+  (``exit`` or ``die``).
 - ``sleeper``: starts a grandchild that sleeps (a stand-in for a compiler), reports both
   pids (as an ``info`` event), and sleeps until its parent goes away.
 """
@@ -20,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Parent, exit_without_teardown
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.pipeline.children import Parent, exit_without_teardown
 
 
 def helper(fake: dict, parent: Parent) -> int:
@@ -43,6 +44,7 @@ def coordinator(fake: dict, parent: Parent) -> int:
     protocol.read_job(protocol.Job, Path(sys.argv[2]))
     for event in fake["events"]:
         parent.emit(protocol.decode(json.dumps(event)))
+    time.sleep(fake.get("sleep", 0))
     if fake.get("end") == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     return 0

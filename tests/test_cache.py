@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import S3, Runtime, build_no_isolation, closed_port, debug_sections, write_project
 
-from hatch_aoti.build.artifacts import sha256
+from hatch_aoti.pipeline.artifacts import sha256
 from hatch_aoti.store import cache as cache_mod
 from hatch_aoti.store.cache import CompileCache
 
@@ -128,7 +128,7 @@ def test_the_cap_comes_from_the_environment() -> None:
 def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """HATCH_AOTI_NO_CACHE: the coordinator never computes a key (it costs a pass over the weights)."""
     torch = pytest.importorskip("torch")
-    from hatch_aoti.build.protocol import Cached, Job
+    from hatch_aoti.pipeline.protocol import Cached, Job
     from hatch_aoti.settings.config import parse_settings
     from hatch_aoti.worker import fingerprint
     from hatch_aoti.worker.checks import Prepared
@@ -154,7 +154,7 @@ def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_th
     """Precompiled code names the loader's ``_call``: another loader must not reuse it. An aoti
     library names nothing of the project, so projects share its entries."""
     torch = pytest.importorskip("torch")
-    from hatch_aoti.build.protocol import Job
+    from hatch_aoti.pipeline.protocol import Job
     from hatch_aoti.settings.config import parse_settings
     from hatch_aoti.worker.checks import Prepared
     from hatch_aoti.worker.coordinator import Coordinator
@@ -213,7 +213,7 @@ def test_a_cache_others_can_write_is_refused(tmp_path: Path) -> None:
 
 def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first build makes the root 700 before anything (the bytecode store first) writes in it."""
-    from hatch_aoti.build import pipeline
+    from hatch_aoti.pipeline import core as pipeline
     from hatch_aoti.worker import bytecode
 
     monkeypatch.setenv("HATCH_AOTI_CACHE_DIR", str(tmp_path / "home" / "cache"))
@@ -231,8 +231,8 @@ def test_the_cache_is_made_private_whatever_the_umask(tmp_path: Path, monkeypatc
 
 
 def test_clean_removes_leftover_staging_not_the_cache_nor_live_builds(tmp_path: Path) -> None:
-    from hatch_aoti.build.pipeline import _stage_prefix, open_stage
     from hatch_aoti.frontends.hatch import AotiBuildHook
+    from hatch_aoti.pipeline.core import _stage_prefix, open_stage
 
     hook = AotiBuildHook(str(tmp_path), {}, None, None, str(tmp_path / "dist"), "wheel")
     leftover = Path(tempfile.mkdtemp(prefix=_stage_prefix(tmp_path)))  # a killed build's: not locked

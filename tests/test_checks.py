@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hatch_aoti.build.pipeline import BuildFailed, _tag
+from hatch_aoti.pipeline.core import BuildFailed, _tag
 from hatch_aoti.worker.checks import inductor_settings
 
 P = "tool.x.models.m.inductor-configs"
@@ -41,7 +41,7 @@ def test_unknown_settings_are_refused_with_a_suggestion() -> None:
 
 
 def test_libraries_that_cannot_be_tagged_fail_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hatch_aoti.build import tagging as platform_tag
+    from hatch_aoti.pipeline import tagging as platform_tag
 
     library = tmp_path / "_aoti" / "m" / "model.so"
     library.parent.mkdir(parents=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import write_project
 
-from hatch_aoti.build.pipeline import _stage_prefix
+from hatch_aoti.pipeline.core import _stage_prefix
 from hatch_aoti.store.cache import CompileCache
 
 pytestmark = pytest.mark.integration

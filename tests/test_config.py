@@ -200,7 +200,7 @@ def test_the_table_path_is_the_one_the_user_wrote() -> None:
 
 
 def test_torch_requirement_must_allow_the_build_torch() -> None:
-    from hatch_aoti.build.pipeline import torch_requirement
+    from hatch_aoti.pipeline.core import torch_requirement
 
     def settings(requirement: str | None):
         table = {"models": {"m": {"factory": "a:b", "inputs": []}}}

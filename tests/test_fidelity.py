@@ -558,7 +558,7 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
 def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(
     fidelity_wheel: tuple[Path, str], runtime: Runtime, tmp_path: Path
 ) -> None:
-    from hatch_aoti.build.tagging import torch_symbols
+    from hatch_aoti.pipeline.tagging import torch_symbols
 
     source = tmp_path / "needs.c"
     source.write_text(

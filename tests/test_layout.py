@@ -12,7 +12,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hatch_aoti"
 #: Run inside the build backend's process (hatchling's or setuptools'): torch must never be imported there.
-TORCH_FREE = ("hatch_aoti.build", "hatch_aoti.frontends", "hatch_aoti.settings", "hatch_aoti.store", "hatch_aoti.hooks")
+TORCH_FREE = (
+    "hatch_aoti.pipeline",
+    "hatch_aoti.frontends",
+    "hatch_aoti.settings",
+    "hatch_aoti.store",
+    "hatch_aoti.hooks",
+)
 
 
 def module_name(path: Path) -> str:
@@ -106,7 +112,7 @@ def test_no_module_imports_itself_back() -> None:
 def test_the_front_ends_import_without_torch() -> None:
     """What the AST test promises, seen in a real process: the hooks and the pipeline leave torch unimported."""
     code = (
-        "import sys, hatch_aoti.hooks, hatch_aoti.frontends.setuptools, hatch_aoti.build.pipeline, "
+        "import sys, hatch_aoti.hooks, hatch_aoti.frontends.setuptools, hatch_aoti.pipeline.core, "
         "hatch_aoti.settings.docs, hatch_aoti.backends; [hatch_aoti.backends.get(n) for n in ('aoti', 'precompile')]; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hatch_aoti') and "
         "(m.startswith('torch') or m.startswith('hatch_aoti.worker'))))"
@@ -117,7 +123,7 @@ def test_the_front_ends_import_without_torch() -> None:
 
 def test_hatch_aotis_own_wheel_holds_every_module_and_template(wheelhouse: Path) -> None:
     """What the build backend imports must be in the wheel it is installed from (hatchling honours
-    ``.gitignore``, whose ``build/`` rule would leave out ``hatch_aoti/build``)."""
+    ``.gitignore``: a package named like its ``build/`` rule would be left out)."""
     import zipfile
 
     (wheel,) = wheelhouse.glob("hatch_aoti-*.whl")

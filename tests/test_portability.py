@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from hatch_aoti.build.tagging import ElfNeeds, tag_for
+from hatch_aoti.pipeline.tagging import ElfNeeds, tag_for
 from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
 from hatch_aoti.settings.cpu_targets import (
     X86_64_V3,
@@ -68,7 +68,7 @@ def test_libraries_must_be_allowed_or_shipped_by_torch() -> None:
 
 
 def test_real_libraries_of_this_torch() -> None:
-    from hatch_aoti.build.tagging import torch_libraries
+    from hatch_aoti.pipeline.tagging import torch_libraries
 
     torch = pytest.importorskip("torch")
     provided = torch_libraries(Path(torch.__file__).parent / "lib")
@@ -198,7 +198,7 @@ def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pyt
     assert before.split()[0] == __version__ and len(before.split()[1]) == 64
     templates = tmp_path / "templates"
     shutil.copytree(REPO / "templates", templates)
-    monkeypatch.setattr("hatch_aoti.build.artifacts.template_path", lambda name="compiled.py": templates / name)
+    monkeypatch.setattr("hatch_aoti.pipeline.artifacts.template_path", lambda name="compiled.py": templates / name)
     fingerprint.own_identity.cache_clear()
     (templates / "compiled.py").write_text((templates / "compiled.py").read_text() + "\n# changed\n")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Child, watch
-from hatch_aoti.build.pipeline import BuildFailed, Coordination, Reporter
-from hatch_aoti.build.protocol import HelperJob, Task
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.pipeline.children import Child, watch
+from hatch_aoti.pipeline.core import BuildFailed, Coordination, Reporter
+from hatch_aoti.pipeline.protocol import HelperJob, Task
 from hatch_aoti.settings.config import ConfigError, parse_settings
 from hatch_aoti.store.remote import Remote
 from hatch_aoti.worker.helpers import Helpers, shares
@@ -113,6 +114,24 @@ def coordination(tmp_path: Path, events: list[dict], end: str = "exit") -> Coord
     )
 
 
+def test_a_long_stage_says_it_is_alive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_aoti.pipeline import core
+
+    monkeypatch.setattr(core, "HEARTBEAT", 0.2)
+    events = [
+        {"event": "stage", "model": "a", "stage": "compile"},
+        {"event": "done", "torch": "2", "built": [], "failed": []},
+    ]
+    run = coordination(tmp_path, events)
+    os.environ["HATCH_AOTI_FAKE"] = json.dumps({"events": events, "sleep": 1.5})
+    lines: list[str] = []
+    run.report = Reporter(lines.append, lines.append, lines.append)
+    with contextlib.suppress(BuildFailed):
+        run.run()
+    alive = [line for line in lines if line.startswith("aoti: still compiling model 'a': ")]
+    assert 2 <= len(alive) <= 8 and alive[-1].endswith("s so far"), lines
+
+
 def test_a_dead_coordinator_is_named_with_what_it_was_doing(tmp_path: Path) -> None:
     events = [{"event": "stage", "model": "a", "stage": "check"}, {"event": "stage", "model": "b", "stage": "compile"}]
     with pytest.raises(BuildFailed) as info:
@@ -177,7 +196,7 @@ def test_a_child_ends_with_everything_it_started_when_its_parent_goes(tmp_path: 
 
 
 def test_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hatch_aoti.build.pipeline import jobs_from_env
+    from hatch_aoti.pipeline.core import jobs_from_env
 
     monkeypatch.setenv("HATCH_AOTI_JOBS", "3")
     assert jobs_from_env() == 3
@@ -190,7 +209,7 @@ def test_jobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None:
-    from hatch_aoti.build.protocol import EVENTS, decode, encode, read_job, write_job
+    from hatch_aoti.pipeline.protocol import EVENTS, decode, encode, read_job, write_job
 
     samples = [
         protocol.Stage("a", "export"),
@@ -232,7 +251,7 @@ def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None
 
 
 def test_the_manifest_is_checked_when_written_and_read(tmp_path: Path) -> None:
-    from hatch_aoti.build import manifest
+    from hatch_aoti.pipeline import manifest
 
     cpu = {"arch": "x86_64", "target": "x86-64-v3", "features": []}
     entry = {"call": [{"dtype": "float32", "device": "cpu", "shape": [2]}], "cpu": cpu, "device": "cpu", "file": "m.so"}

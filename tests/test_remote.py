@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import S3, closed_port
 
-from hatch_aoti.build.artifacts import file_hashes, sha256
+from hatch_aoti.pipeline.artifacts import file_hashes, sha256
 from hatch_aoti.store import remote as remote_mod
 from hatch_aoti.store.cache import CompileCache
 from hatch_aoti.store.remote import Damaged, Fault, Remote, RemoteCache
@@ -398,7 +398,7 @@ def test_a_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, url:
 def test_a_bad_setting_fails_the_build_with_its_message_and_no_cache_means_no_remote(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hatch_aoti.build.pipeline import BuildFailed, remote_cache
+    from hatch_aoti.pipeline.core import BuildFailed, remote_cache
 
     monkeypatch.setenv("HATCH_AOTI_REMOTE_CACHE", "s3://b/p")
     monkeypatch.setenv("HATCH_AOTI_REMOTE_CACHE_MODE", "sometimes")

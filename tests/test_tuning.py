@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import TABLES, Runtime, build_no_isolation, write_project
 
-from hatch_aoti.build import protocol
+from hatch_aoti.pipeline import protocol
 from hatch_aoti.settings.config import ConfigError, parse_settings
 from hatch_aoti.worker import tuning
 from hatch_aoti.worker.coordinator import Coordinator, Miss

@@ -96,7 +96,7 @@ class Backend:
         raise NotImplementedError
 
     def pins(self, torch_version: str) -> Pins:
-        from hatch_aoti.build.tagging import torch_series
+        from hatch_aoti.pipeline.tagging import torch_series
 
         return Pins(torch_series(torch_version))
 

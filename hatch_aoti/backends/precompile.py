@@ -64,7 +64,7 @@ class PrecompileBackend(Backend):
         import torch
 
         from hatch_aoti._torch_private import inductor_cache
-        from hatch_aoti.build.artifacts import sha256
+        from hatch_aoti.pipeline.artifacts import sha256
 
         call = importlib.import_module(request.loader)._call
         inductor = request.work / "inductor"

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build.artifacts import sha256
+from hatch_aoti.pipeline.artifacts import sha256
 
 #: Archive members the runtime never reads: generated C++ sources (they hold build paths)
 #: and a random per-archive id. Leaving them out keeps wheels smaller and reproducible.
@@ -78,7 +78,7 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")
-    from hatch_aoti.build.tagging import torch_symbols
+    from hatch_aoti.pipeline.tagging import torch_symbols
 
     library = target / libraries[0]
     return {"file": libraries[0], "sha256": sha256(library), "torch_symbols": torch_symbols(library), **entry}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hatch_aoti.build.artifacts import ARTIFACT_DIR
 from hatch_aoti.cli import calls, machine
 from hatch_aoti.cli.integrity import recorded_files
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import Target
+from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
 
 def collect(target: Target) -> dict[str, Any]:

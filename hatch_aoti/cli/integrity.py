@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build.artifacts import ARTIFACT_DIR, sha256
 from hatch_aoti.cli.target import Target
+from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, sha256
 
 
 def recorded_files(entry: dict[str, Any]) -> dict[str, str]:

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST, import_file
-from hatch_aoti.build.manifest import read as read_manifest
+from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, MANIFEST, import_file
+from hatch_aoti.pipeline.manifest import read as read_manifest
 
 
 class CliError(Exception):

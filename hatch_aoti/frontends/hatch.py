@@ -37,7 +37,7 @@ class AotiBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        from hatch_aoti.build.pipeline import BuildFailed
+        from hatch_aoti.pipeline.core import BuildFailed
         from hatch_aoti.settings.config import ConfigError
 
         try:
@@ -55,7 +55,7 @@ class AotiBuildHook(BuildHookInterface):
 
     def clean(self, versions: list[str]) -> None:
         """``hatch build --clean``: remove staging left by killed builds of this project (not the cache)."""
-        from hatch_aoti.build.pipeline import clean_stages
+        from hatch_aoti.pipeline.core import clean_stages
 
         clean_stages(Path(self.root))
 
@@ -65,7 +65,7 @@ class AotiBuildHook(BuildHookInterface):
             self._stage = None
 
     def _build(self, version: str, build_data: dict[str, Any]) -> None:
-        from hatch_aoti.build import pipeline
+        from hatch_aoti.pipeline import core as pipeline
 
         settings = hook_settings(self.config)
         torch_version = pipeline.build_torch_version()
@@ -80,7 +80,7 @@ class AotiBuildHook(BuildHookInterface):
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged.package_dir)
             return
-        from hatch_aoti.build.artifacts import ARTIFACT_DIR
+        from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
         dist_dir = package.replace(".", "/")
         loader_file = f"{settings.loader}.py"
@@ -91,7 +91,7 @@ class AotiBuildHook(BuildHookInterface):
 
     def _find_package(self, settings: Any) -> tuple[str, Path]:
         """The package receiving the loader, and the directory to import it from."""
-        from hatch_aoti.build.pipeline import BuildFailed
+        from hatch_aoti.pipeline.core import BuildFailed
 
         top: dict[str, Path] = {}
         included_paths = set()
@@ -128,7 +128,7 @@ class AotiBuildHook(BuildHookInterface):
         ``.pth``-registered finder maps ``<package>.<loader>`` there. Rebuild (reinstall)
         after changing a model, as with any compiled extension.
         """
-        from hatch_aoti.build.artifacts import editable_files
+        from hatch_aoti.pipeline.artifacts import editable_files
 
         include = build_data["force_include_editable"]
         if not include:

@@ -92,7 +92,7 @@ def settings_of(dist: Any) -> Any:
 
 def _require_torch(dist: Any) -> None:
     """Add the torch the models were compiled for to the wheel's ``Requires-Dist``."""
-    from hatch_aoti.build.pipeline import (
+    from hatch_aoti.pipeline.core import (
         BuildFailed,
         build_torch_version,
         torch_to_add,
@@ -160,7 +160,7 @@ class build_aoti(Command):
         self.set_undefined_options("build_py", ("build_lib", "build_lib"))
 
     def run(self) -> None:
-        from hatch_aoti.build import pipeline
+        from hatch_aoti.pipeline import core as pipeline
         from hatch_aoti.settings.config import ConfigError
 
         settings = settings_of(self.distribution)
@@ -185,7 +185,7 @@ class build_aoti(Command):
 
     def _place(self, staged: Any, package: str, loader: str, stage: Path) -> None:
         """The loader and artifacts into ``build_lib``, or, for an editable install, beside the source tree."""
-        from hatch_aoti.build.artifacts import editable_files
+        from hatch_aoti.pipeline.artifacts import editable_files
 
         if self.editable_mode:  # setuptools puts what `install` holds into the editable wheel as is
             target = Path(str(self.get_finalized_command("install").install_lib))
@@ -204,7 +204,7 @@ class build_aoti(Command):
 
     def _package(self, settings: Any, root: Path) -> tuple[str, Path]:
         """The package receiving the loader, and the directory its top-level package imports from."""
-        from hatch_aoti.build.pipeline import BuildFailed
+        from hatch_aoti.pipeline.core import BuildFailed
 
         dist = self.distribution
         top = sorted({p.split(".")[0] for p in dist.packages or ()})

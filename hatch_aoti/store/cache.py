@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build.artifacts import file_hashes, sha256
+from hatch_aoti.pipeline.artifacts import file_hashes, sha256
 from hatch_aoti.store.owned import OwnedDir, sweep
 
 FORMAT = "v2"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from hatch_aoti.build.artifacts import sha256
+from hatch_aoti.pipeline.artifacts import sha256
 from hatch_aoti.store.cache import out_of_space
 
 ENV_URL = "HATCH_AOTI_REMOTE_CACHE"
@@ -342,7 +342,7 @@ def _files_problem(record: dict[str, Any]) -> str | None:
 
 def _entry_problem(record: dict[str, Any], backend: str) -> str | None:
     """What keeps the build from using the record's manifest entry and verification report."""
-    from hatch_aoti.build.manifest import entry_problem
+    from hatch_aoti.pipeline.manifest import entry_problem
 
     entry: Any = record.get("entry")
     errors = record.get("errors")

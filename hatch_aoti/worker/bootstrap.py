@@ -6,7 +6,7 @@ import gc
 import sys
 from pathlib import Path
 
-from hatch_aoti.build.protocol import HelperJob, Job
+from hatch_aoti.pipeline.protocol import HelperJob, Job
 from hatch_aoti.store.cache import BYTECODE_DIR
 
 

@@ -1,6 +1,6 @@
 """The coordinator: the one process of a build that imports torch and the project's models.
 
-Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``build/pipeline.py``):
+Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``pipeline/core.py``):
 1. check every model before anything is exported; any problem ends the build, all of them listed;
 2. export each model and key it from the exported program; cache hits go straight to the staged package;
 3. compile the misses: one share here, the others in compile helpers started for them (``helpers.py``);
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Parent
-from hatch_aoti.build.protocol import HelperJob, Job, Task
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.pipeline.children import Parent
+from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
 from hatch_aoti.settings.config import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
 from hatch_aoti.worker.bootstrap import setup
@@ -56,7 +56,7 @@ class Miss:
 
 class Coordinator:
     def __init__(self, job: Job, parent: Parent) -> None:
-        from hatch_aoti.build.artifacts import ARTIFACT_DIR
+        from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
         from hatch_aoti.store.cache import CompileCache
         from hatch_aoti.store.remote import RemoteCache
         from hatch_aoti.store.tiers import Tiers
@@ -302,7 +302,7 @@ class Coordinator:
         (precompiled functions) then name a module that exists wherever the wheel goes."""
         if self.loader_name in sys.modules:
             return
-        from hatch_aoti.build.artifacts import import_file
+        from hatch_aoti.pipeline.artifacts import import_file
 
         self.write_manifest(self.entries)
         import_file(self.loader_name, self.package / f"{self.job.loader}.py", register=True)
@@ -468,8 +468,8 @@ class Coordinator:
         """The staged loader and manifest, for ``models``; a model's factory is added here, not cached
         (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
-        from hatch_aoti.build import manifest
-        from hatch_aoti.build.artifacts import MANIFEST_FORMAT, write_loader, write_runtime
+        from hatch_aoti.pipeline import manifest
+        from hatch_aoti.pipeline.artifacts import MANIFEST_FORMAT, write_loader, write_runtime
 
         entries: dict[str, Any] = {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()}
         manifest.write(
@@ -491,7 +491,7 @@ class Coordinator:
 
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
         """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
-        from hatch_aoti.build.artifacts import import_file
+        from hatch_aoti.pipeline.artifacts import import_file
 
         self.write_manifest(models)
         return import_file(f"_hatch_aoti_staged_{len(self.entries)}", self.package / f"{self.job.loader}.py")
@@ -529,7 +529,7 @@ def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
 
 def shipped_files(directory: Path, entry: dict[str, Any]) -> dict[str, str]:
     """sha256 of each of a model's files, reusing the digests its backend already made."""
-    from hatch_aoti.build.artifacts import file_hashes
+    from hatch_aoti.pipeline.artifacts import file_hashes
 
     weights = entry.get("weights", {})
     known = {entry.get("file"): entry.get("sha256"), weights.get("file"): weights.get("sha256")}
@@ -623,6 +623,6 @@ def run(job: Job, parent: Parent) -> int:
 
 
 if __name__ == "__main__":
-    from hatch_aoti.build.children import child_main
+    from hatch_aoti.pipeline.children import child_main
 
     child_main(run, Job)

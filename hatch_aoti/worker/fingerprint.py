@@ -106,7 +106,7 @@ def own_identity() -> str:
     same number) reuse entries made by different code.
     """
     from hatch_aoti import __version__
-    from hatch_aoti.build.artifacts import template_path
+    from hatch_aoti.pipeline.artifacts import template_path
 
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()

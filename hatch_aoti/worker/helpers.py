@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Child, Parent, watch
-from hatch_aoti.build.protocol import HelperJob, Task
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.pipeline.children import Child, Parent, watch
+from hatch_aoti.pipeline.protocol import HelperJob, Task
 
 
 @dataclass
@@ -154,6 +154,6 @@ def _why(task: Task, exc: Exception, work: Path) -> str:
 
 
 if __name__ == "__main__":
-    from hatch_aoti.build.children import child_main
+    from hatch_aoti.pipeline.children import child_main
 
     child_main(run, HelperJob)

@@ -20,7 +20,7 @@ class ExportBackend(Backend):
     def compile(self, request: Request) -> dict[str, Any]:
         import torch
 
-        from hatch_aoti.build.artifacts import sha256
+        from hatch_aoti.pipeline.artifacts import sha256
 
         request.out.mkdir(parents=True, exist_ok=True)
         path = request.out / "program.pt2"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from hatch_aoti.build.protocol import AnyJob, Event, decode, encode, read_job
+from hatch_aoti.pipeline.protocol import AnyJob, Event, decode, encode, read_job
 
 EVENT_FD = "HATCH_AOTI_EVENT_FD"
 LOG_TAIL_LINES = 40

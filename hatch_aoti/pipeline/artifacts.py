@@ -67,7 +67,7 @@ def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
 
 
 def write_loader(package_dir: Path, loader: str) -> None:
-    """Write ``<loader>.py`` into a staged package directory (its manifest: :mod:`hatch_aoti.build.manifest`)."""
+    """Write ``<loader>.py`` into a staged package directory (its manifest: :mod:`hatch_aoti.pipeline.manifest`)."""
     shutil.copyfile(template_path(), package_dir / f"{loader}.py")
     (package_dir / f"{loader}.py").chmod(0o644)
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build import manifest
-from hatch_aoti.build.artifacts import ARTIFACT_DIR
+from hatch_aoti.pipeline import manifest
+from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 from hatch_aoti.settings.config import Settings
 
 #: A package index's default limit per file (PyPI's): above it, the build says how to stay under.

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, TypedDict
 
-from hatch_aoti.build.artifacts import ARTIFACT_DIR, MANIFEST, MANIFEST_FORMAT
+from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, MANIFEST, MANIFEST_FORMAT
 
 
 class Cpu(TypedDict):

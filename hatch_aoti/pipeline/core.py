@@ -16,18 +16,21 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.build import protocol
-from hatch_aoti.build.children import Child, watch
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.pipeline.children import Child, watch
 from hatch_aoti.settings.config import ConfigError, Settings
 from hatch_aoti.store.owned import OwnedDir, sweep
 from hatch_aoti.store.remote import Remote
 
 ENV_JOBS = "HATCH_AOTI_JOBS"
+#: Seconds between the lines that say a long stage is still running.
+HEARTBEAT = 30.0
 
 
 class BuildFailed(Exception):
@@ -97,7 +100,7 @@ def clean_stages(root: Path) -> list[Path]:
 
 def build(settings: Settings, project: Project, stage: Path, report: Reporter, *, editable: bool = False) -> Staged:
     """Check, export, compile and verify every model into ``stage/package``."""
-    from hatch_aoti.build import tagging
+    from hatch_aoti.pipeline import tagging
 
     torch_version = build_torch_version()
     pins = wheel_pins(settings, torch_version)
@@ -127,7 +130,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     preparing.join()
     package = stage / "package"
     if not editable:
-        from hatch_aoti.build.external import publish
+        from hatch_aoti.pipeline.external import publish
 
         publish(settings, project.root, package, report)
     tag = None if editable else _tag(package)
@@ -154,7 +157,7 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
     an exact pin, and must allow the build's torch.
     """
     from hatch_aoti import backends
-    from hatch_aoti.build.tagging import torch_series as series
+    from hatch_aoti.pipeline.tagging import torch_series as series
 
     used: dict[str, backends.Backend] = {}
     for name in dict.fromkeys(m.backend for m in settings.models):
@@ -178,7 +181,7 @@ def torch_requirement(settings: Settings, torch_version: str) -> str:
     """``Requires-Dist`` for torch: the user's, if it allows the build's torch, else ``torch==X.Y.*``."""
     from packaging.requirements import Requirement
 
-    from hatch_aoti.build.tagging import torch_series as series
+    from hatch_aoti.pipeline.tagging import torch_series as series
 
     if settings.torch_requirement is None:
         return series(torch_version)
@@ -324,8 +327,8 @@ def _tag(package: Path) -> tuple[str, str | None]:
     shipped), the platform torch's own wheel was built for: the artifacts run where it does."""
     from elftools.common.exceptions import ELFError
 
-    from hatch_aoti.build import tagging
-    from hatch_aoti.build.artifacts import ARTIFACT_DIR
+    from hatch_aoti.pipeline import tagging
+    from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
     libraries = sorted((package / ARTIFACT_DIR).rglob("*.so"))
     if not libraries:
@@ -360,6 +363,8 @@ class Coordination:
     built: set[str] = field(default_factory=set)
     doing: str = "starting"
     done: bool = False
+    since: float = field(default_factory=time.monotonic)
+    """When the current stage began: a long one is said to be alive every ``HEARTBEAT`` seconds."""
 
     def run(self) -> None:
         job_file = self.stage / "job.json"
@@ -368,18 +373,29 @@ class Coordination:
         child = Child.start(
             "coordinator", [*self.argv, str(job_file)], cwd=self.job.cwd, log=self.stage / "coordinator.log", env=env
         )
+        ended = threading.Event()
+        heartbeat = threading.Thread(target=self.beat, args=(ended,), name="hatch-aoti-heartbeat", daemon=True)
+        heartbeat.start()
         try:
             for _, event in watch([child]):
                 if event is not None:
                     self.on_event(event)
         finally:
+            ended.set()
             child.end()
         self.raise_for(child)
+
+    def beat(self, ended: threading.Event) -> None:
+        """A line every ``HEARTBEAT`` seconds while one stage lasts (a big model's compile takes minutes)."""
+        while not ended.wait(HEARTBEAT):
+            elapsed = time.monotonic() - self.since
+            if elapsed >= HEARTBEAT:
+                self.report.info(f"aoti: still {self.doing}: {elapsed:.0f}s so far")
 
     def on_event(self, event: protocol.Event) -> None:
         match event:
             case protocol.Stage(model, stage):
-                self.doing = f"{_DOING[stage]} model {model!r}"
+                self.doing, self.since = f"{_DOING[stage]} model {model!r}", time.monotonic()
             case protocol.Cached(model, seconds, check, tier):
                 self.built.add(model)
                 where = "the remote cache" if tier == "remote" else "cache"
