@@ -1152,7 +1152,7 @@ def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
     """The AOTInductor container runner straight on the shipped shared library: nothing extracted."""
     aoti = torch._C._aoti
     if device == "cpu" and not os.path.exists(so_path[: -len(".so")] + ".json"):
-        return _Container(torch, so_path, _instances())
+        return _Pool(lambda: _Container(torch, so_path, 1), _instances())
     if device == "cpu":  # ops run through torch's proxy executor, which only its runner sets up
         return aoti.AOTIModelContainerRunnerCpu(so_path, _instances())
     return aoti.AOTIModelContainerRunnerCuda(so_path, _instances(), device, os.path.dirname(so_path))
@@ -1287,7 +1287,67 @@ class _Container:
         self._kept.append((tensors, names, handles))
 
 
-#: How many calls of one model may run at once (``HATCH_AOTI_INSTANCES``): the container holds that many
+class _Pool:
+    """Containers of one instance each, made as calls come in at once, up to ``limit``: a call takes the
+    one used last (its memory still in the CPU's caches; a container of several instances hands them
+    out in turn, about 3 us a call more for a small model), and a call finding all busy waits for one.
+    The runner methods go to every container, the ones made later included."""
+
+    def __init__(self, make: Callable[[], Any], limit: int) -> None:
+        first = make()
+        self._make, self._limit, self._all, self._free = make, limit, [first], [first]
+        self._updates: list[tuple[Any, ...]] = []
+        self._lock = threading.Condition()
+        self._waiting = 0
+        self.get_call_spec, self.get_constant_names_to_original_fqns = (
+            first.get_call_spec,
+            first.get_constant_names_to_original_fqns,
+        )
+        self.run = self._runner()
+
+    def update_constant_buffer(self, *args: Any) -> None:
+        with self._lock:
+            self._updates.append(args)
+            for container in self._all:
+                container.update_constant_buffer(*args)
+
+    def _runner(self) -> Callable[[list[Any]], list[Any]]:
+        free, take, lock = self._free, self._take, self._lock
+
+        def run(inputs: list[Any]) -> list[Any]:
+            try:
+                container = free.pop()  # atomic under the GIL: the path of every call that finds one free
+            except IndexError:
+                container = take()
+            try:
+                return container.run(inputs)  # type: ignore[no-any-return]
+            finally:
+                free.append(container)
+                if self._waiting:
+                    with lock:
+                        lock.notify()
+
+        return run
+
+    def _take(self) -> Any:
+        with self._lock:
+            while True:
+                if self._free:
+                    return self._free.pop()
+                if len(self._all) < self._limit:
+                    container = self._make()
+                    for args in self._updates:
+                        container.update_constant_buffer(*args)
+                    self._all.append(container)
+                    return container
+                self._waiting += 1
+                try:
+                    self._lock.wait(0.1)
+                finally:
+                    self._waiting -= 1
+
+
+#: How many calls of one model may run at once (``HATCH_AOTI_INSTANCES``): the loader holds up to that many
 #: instances of the model, which share its weights; a call finding all of them busy waits for one.
 INSTANCES_VARIABLE = "HATCH_AOTI_INSTANCES"
 

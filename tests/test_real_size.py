@@ -37,11 +37,35 @@ MODELS = """
     def bert():
         torch.manual_seed(0)
         return Bert().eval()
+
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            config = LlamaConfig(
+                hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=8,
+                num_key_value_heads=4, vocab_size=1000, use_cache=False,
+            )
+            self.llama = LlamaForCausalLM(config)
+
+        def forward(self, input_ids):
+            return self.llama(input_ids=input_ids).logits
+
+
+    def llama():
+        torch.manual_seed(0)
+        return Llama().to(torch.bfloat16).eval()
 """
 HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.bert]
     factory = "bertpkg.models:bert"
     inputs = [{ shape = [1, 128], dtype = "int64", high = 30522 }]
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.llama]
+    factory = "bertpkg.models:llama"
+    inputs = [{ shape = [1, 32], dtype = "int64", high = 1000 }]
 """
 
 
@@ -168,3 +192,37 @@ def test_a_bad_instance_count_is_a_clear_error(
     assert (
         "ValueError: HATCH_AOTI_INSTANCES='many': expected a whole number of model instances, at least 1" in proc.stderr
     )
+
+
+def test_a_bfloat16_model_is_checked_against_a_float64_run(bert_site: Path, runtime: Runtime, tmp_path: Path) -> None:
+    """Eager's own bfloat16 rounding is as large as a compiled model's difference from it: the build
+    compares both with a float64 run of the same model instead."""
+    import torch
+
+    manifest = json.loads((bert_site / "bertpkg" / "_aoti" / "manifest.json").read_text())
+    verification = manifest["models"]["llama"]["verification"]
+    assert verification["passed"] is True and verification["low_precision"] == ["float64 reference"]
+    sys.path.insert(0, str(bert_site))
+    try:
+        from bertpkg.models import llama
+    finally:
+        sys.path.remove(str(bert_site))
+    ids = torch.randint(0, 1000, (1, 32), generator=torch.Generator().manual_seed(5))
+    torch.save(ids, tmp_path / "ids.pt")
+    runtime.run(
+        f"""
+        import sys; sys.path.insert(0, {str(bert_site)!r})
+        import torch
+        from bertpkg import compiled
+        torch.save(compiled.load("llama")(torch.load({str(tmp_path / "ids.pt")!r})), {str(tmp_path / "y.pt")!r})
+        """
+    )
+    compiled = torch.load(tmp_path / "y.pt")
+    with torch.no_grad():
+        eager = llama()(ids)
+    assert compiled.dtype is torch.bfloat16
+    from hatch_aoti.worker.verify import Comparison, compare_with_reference, reference
+
+    result = Comparison("test")
+    compare_with_reference("logits", eager, compiled, reference(llama(), (ids,), {}), result)
+    assert not result.problems, result.problems

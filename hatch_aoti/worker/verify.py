@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from hatch_aoti.worker.inputs import default_tolerances
@@ -27,7 +28,13 @@ class Comparison:
 
 
 def compare(
-    label: str, eager: Any, compiled: Any, rtol: float | None, atol: float | None, what: str = "output"
+    label: str,
+    eager: Any,
+    compiled: Any,
+    rtol: float | None,
+    atol: float | None,
+    what: str = "output",
+    reference: Any = None,
 ) -> Comparison:
     """Compare one pytree pair (outputs, or inputs after the call); problems are collected, not raised.
 
@@ -40,7 +47,10 @@ def compare(
     if e_spec != c_spec:
         result.problems.append(f"{what} structure differs: eager {e_spec}, compiled {c_spec}")
         return result
-    for (path, e), c in zip(e_leaves, c_leaves):
+    r_leaves = pytree.tree_leaves(reference) if reference is not None else [None] * len(c_leaves)
+    if len(r_leaves) != len(c_leaves):
+        r_leaves = [None] * len(c_leaves)
+    for (path, e), c, r in zip(e_leaves, c_leaves, r_leaves):
         where = f"{what}{pytree.keystr(path)}"
         if not isinstance(e, torch.Tensor):
             if type(e) is not type(c) or e != c:
@@ -49,7 +59,10 @@ def compare(
         if not isinstance(c, torch.Tensor):
             result.problems.append(f"{where}: compiled returned {type(c).__name__}, eager a tensor")
             continue
-        compare_tensors(where, e, c, rtol, atol, result)
+        if isinstance(r, torch.Tensor) and e.dtype in LOW_PRECISION and rtol is None and atol is None:
+            compare_with_reference(where, e, c, r, result)
+        else:
+            compare_tensors(where, e, c, rtol, atol, result)
     return result
 
 
@@ -90,6 +103,85 @@ def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float 
         )
 
 
+#: Output dtypes whose eager results are themselves rounded as much as a compiled model may differ: checked
+#: against a float64 run of the same model rather than against eager alone, as torch's own accuracy checks do.
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: The compiled model may be this many times further from the float64 result than eager is...
+REFERENCE_MULTIPLIER = 2.0
+#: ...plus this much of the result's own size (RMS), for outputs that eager computes almost exactly.
+REFERENCE_FLOOR = 1e-3
+
+
+def compare_with_reference(where: str, e: Any, c: Any, r: Any, result: Comparison) -> None:
+    """A low-precision output: as close to the float64 result as eager is, within the multiplier and floor."""
+    if e.shape != c.shape or e.dtype != c.dtype or e.shape != r.shape:
+        result.problems.append(f"{where}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}")
+        return
+    e, c, r = (t.detach().cpu().to(torch.float64) for t in (e, c, r))
+    bad = ~torch.isfinite(c) & torch.isfinite(e)
+    if bool(bad.any()):
+        result.problems.append(f"{where}: compiled has {int(bad.sum())} NaN/Inf values where eager has none")
+        return
+    if e.numel() == 0:
+        return
+    diff = (c - e).abs()
+    result.max_abs = max(result.max_abs, float(diff.max()))
+    result.max_rel = max(result.max_rel, float((diff / e.abs().clamp_min(1e-30)).where(diff > 0, 0.0).max()))
+
+    def rms(t: Any) -> float:
+        return float(t.square().mean().sqrt())
+
+    eager_err, compiled_err, scale = rms(e - r), rms(c - r), rms(r)
+    allowed = REFERENCE_MULTIPLIER * eager_err + REFERENCE_FLOOR * scale
+    if compiled_err > allowed:
+        result.problems.append(
+            f"{where}: further from a float64 run than eager is (RMS error {compiled_err:.3g}, eager's "
+            f"{eager_err:.3g}; allowed {REFERENCE_MULTIPLIER:g}x eager's + {REFERENCE_FLOOR:g}x the output's RMS)"
+        )
+
+
+class Float64(TorchFunctionMode):
+    """Every floating-point computation in float64: inputs, weights (as each op reads them, so the model
+    is never copied whole) and any dtype an op is asked for. What the model's low-precision outputs are
+    compared with."""
+
+    FLOATING = (torch.bfloat16, torch.float16, torch.float32)
+    CASTS = {"to", "type", "type_as", "bfloat16", "half", "float"}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        args, kwargs = pytree.tree_map(self._wide, (args, kwargs))
+        if name in self.CASTS and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            return args[0]  # already float64: a cast down would round the reference
+        return func(*args, **kwargs)
+
+    def _wide(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype in self.FLOATING:
+            return value.to(torch.float64)
+        if isinstance(value, torch.dtype) and value in self.FLOATING:
+            return torch.float64
+        return value
+
+
+def reference(module: Any, args: Any, kwargs: Any) -> Any:
+    """The model's outputs computed in float64, or ``None`` where it cannot run so."""
+    try:
+        with torch.no_grad(), Float64():
+            return module(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def reference_for(module: Any, sample: Any, expected: Any, rtol: float | None, atol: float | None) -> Any:
+    """The float64 outputs to compare low-precision ones with: ``False`` where none are needed (no such
+    output, or tolerances given), ``None`` where the model cannot run in float64 (eager is the measure then)."""
+    low = any(isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION for t in pytree.tree_leaves(expected))
+    if not low or rtol is not None or atol is not None:
+        return False
+    return reference(module, *copied(sample))
+
+
 class VerificationFailed(Exception):
     """The compiled model failed on an input set or differs from eager; the message says how."""
 
@@ -103,13 +195,17 @@ def verify_model(
     as well as the outputs: a model that mutates its inputs must mutate them alike.
     """
     tried, worst = [], {"max_abs_err": 0.0, "max_rel_err": 0.0}
+    checks: set[str] = set()
     for label, sample in samples:
         shapes = [list(t.shape) for t in pytree.tree_leaves(sample) if isinstance(t, torch.Tensor)]
         (e_args, e_kwargs), (c_args, c_kwargs) = copied(sample), copied(sample)
         with torch.no_grad():
             expected = _call(module, e_args, e_kwargs, f"eager model failed on {label} inputs {shapes}")
             actual = _call(compiled, c_args, c_kwargs, f"compiled model failed on {label} inputs {shapes}")
-        result = compare(label, expected, actual, rtol, atol)
+        wide = reference_for(module, sample, expected, rtol, atol)
+        if wide is not False:
+            checks.add("float64 reference" if wide is not None else "eager (no float64 run)")
+        result = compare(label, expected, actual, rtol, atol, reference=None if wide is False else wide)
         mutated = compare(label, (e_args, e_kwargs), (c_args, c_kwargs), rtol, atol, what="input")
         problems = result.problems + [f"after the call, {p}" for p in mutated.problems]
         if problems:
@@ -121,7 +217,10 @@ def verify_model(
             "max_abs_err": max(worst["max_abs_err"], result.max_abs, mutated.max_abs),
             "max_rel_err": max(worst["max_rel_err"], result.max_rel, mutated.max_rel),
         }
-    return {"passed": True, "rtol": rtol, "atol": atol, "tried": tried}, worst
+    report: dict[str, Any] = {"passed": True, "rtol": rtol, "atol": atol, "tried": tried}
+    if checks:  # low-precision outputs: against what they were compared
+        report["low_precision"] = sorted(checks)
+    return report, worst
 
 
 def copied(sample: Any) -> Any:

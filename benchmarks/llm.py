@@ -1,0 +1,183 @@
+"""A 1.1B-parameter Llama in bfloat16 with external weights: build time and memory, wheel, fetch, error.
+
+The model has TinyLlama's shape (`transformers.LlamaConfig`: hidden 2048, 22 layers, 32 heads,
+4 key-value heads, vocabulary 32000; seeded random weights, about 2.2 GB), called on 1 x 32
+tokens for the last token's logits. It is built with `weights = "external"` by
+`python -m build --no-isolation` while the RSS of the build's whole process tree is sampled.
+The weights file is then served from 127.0.0.1 and fetched by a fresh process, timed against
+reading the same file through `urllib` alone, and the logits compared with eager's.
+Run with the test venv: `.venv-test/bin/python benchmarks/llm.py` (about 10 GB of disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from big import sampled
+
+MODELS = """
+import torch
+from torch import nn
+
+
+class LastLogits(nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
+            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, use_cache=False,
+        )
+        self.llama = LlamaForCausalLM(config)
+
+    def forward(self, input_ids):
+        return self.llama(input_ids=input_ids).logits[:, -1, :]
+
+
+def llama():
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # made in bfloat16: never a float32 copy
+    try:
+        return LastLogits({layers}).eval()
+    finally:
+        torch.set_default_dtype(default)
+"""
+PYPROJECT = """
+[build-system]
+requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
+build-backend = "hatchling.build"
+
+[project]
+name = "llmpkg"
+version = "1.0"
+dependencies = ["torch==2.13.*"]
+
+[tool.hatch.build.targets.wheel.hooks.aoti.models.llama]
+factory = "llmpkg.models:llama"
+inputs = [{{ shape = [1, 32], dtype = "int64", high = 32000 }}]
+weights = "external"
+weights-url = "{url}"
+"""
+FETCH = """
+import json, sys, time
+sys.path.insert(0, {site!r})
+import torch
+from llmpkg import compiled
+ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+start = time.perf_counter()
+model = compiled.load("llama")
+loaded = time.perf_counter() - start
+start = time.perf_counter()
+y = model(ids)
+call = time.perf_counter() - start
+torch.save(y, {out!r})
+print(json.dumps({{"load": loaded, "first_call": call}}))
+"""
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    return httpd, httpd.server_address[1]
+
+
+def plain_read(url: str) -> float:
+    """Seconds to read ``url`` with urllib into nothing: the loopback's own speed, the fetch's yardstick."""
+    import urllib.request
+
+    start = time.perf_counter()
+    with urllib.request.urlopen(url) as response:
+        while response.read(1 << 20):
+            pass
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=22, help="22: TinyLlama's 1.1B parameters")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hatch-aoti-llm-") as tmp:
+        work = Path(tmp)
+        served = work / "served"
+        served.mkdir()
+        httpd, port = serve(served)
+        project = work / "project"
+        (project / "llmpkg").mkdir(parents=True)
+        (project / "pyproject.toml").write_text(PYPROJECT.format(url=f"http://127.0.0.1:{port}/{{file}}"))
+        (project / "llmpkg" / "__init__.py").write_text("")
+        (project / "llmpkg" / "models.py").write_text(textwrap.dedent(MODELS.replace("{layers}", str(args.layers))))
+        env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1", "TMPDIR": str(work)}
+        cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)]
+        seconds, peak, largest, output = sampled(cmd, env, project)
+        (weights,) = (project / "dist-weights").iterdir()
+        size = weights.stat().st_size
+        (wheel,) = (work / "dist").glob("*.whl")
+        print(f"weights {size / 1e9:.2f} GB ({weights.name})")
+        ratios = f"all processes {peak / size:.2f}x the weights, largest {largest / size:.2f}x"
+        print(f"build: {seconds:.0f} s; peak RSS, {ratios}")
+        for line in output.splitlines():
+            if line.startswith("aoti:"):
+                print(f"  {line}")
+        print(f"wheel {wheel.stat().st_size / 1e6:.2f} MB")
+        os.link(weights, served / weights.name)
+        site = work / "site"
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+        read = plain_read(f"http://127.0.0.1:{port}/{weights.name}")
+        fetch_env = {**os.environ, "HATCH_AOTI_WEIGHTS_CACHE": str(work / "cache")}
+        fetch_env.pop("PYTHONPATH", None)
+        out = work / "y.pt"
+        proc = subprocess.run(
+            [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))],
+            capture_output=True,
+            text=True,
+            env=fetch_env,
+        )
+        if proc.returncode:
+            sys.exit(proc.stderr[-3000:])
+        first = json.loads(proc.stdout.splitlines()[-1])
+        again = subprocess.run(
+            [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))],
+            capture_output=True,
+            text=True,
+            env=fetch_env,
+        )
+        cached = json.loads(again.stdout.splitlines()[-1])
+        print(
+            f"first load (fetch, verify, map) {first['load']:.1f} s against reading the file from the server "
+            f"{read:.1f} s: {read / first['load']:.2f} of its speed; a cached load {cached['load']:.2f} s"
+        )
+        import torch
+
+        sys.path.insert(0, str(project))
+        from llmpkg.models import llama
+
+        ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            eager = llama()(ids)
+        compiled = torch.load(out)
+        print(
+            f"max abs err against eager {float((compiled.float() - eager.float()).abs().max()):.3g} (bfloat16 logits)"
+        )
+        httpd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""bfloat16 and float16 outputs are checked against a float64 run of the model, without compiling."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hatch_aoti.worker.verify import Comparison, compare, reference, reference_for
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        h = torch.nn.functional.gelu(self.a(x)).to(x.dtype)  # a cast down, as models do
+        return self.b(h) + torch.ones(64, dtype=torch.bfloat16)
+
+
+def net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Net().to(torch.bfloat16).eval()
+
+
+def test_the_float64_run_widens_inputs_weights_and_casts_without_copying_the_model() -> None:
+    model, x = net(), torch.randn(8, 64, dtype=torch.bfloat16)
+    wide = reference(model, (x,), {})
+    assert wide.dtype is torch.float64
+    assert all(p.dtype is torch.bfloat16 for p in model.parameters()), "the model itself is untouched"
+    exact = Net().eval()
+    exact.load_state_dict({k: v.double() for k, v in model.state_dict().items()}, assign=True)
+    with torch.no_grad():
+        expected = exact.double()(x.double())
+    torch.testing.assert_close(wide, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_compiled_output_as_close_as_eager_passes_and_a_further_one_fails() -> None:
+    model, x = net(), torch.randn(8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = model(x)
+    wide = reference_for(model, ((x,), {}), eager, None, None)
+    assert isinstance(wide, torch.Tensor)
+    assert not compare("c", eager, eager.clone(), None, None, reference=wide).problems
+    worse = (eager.double() + 0.05 * eager.double().std() * torch.randn(eager.shape)).to(torch.bfloat16)
+    (problem,) = compare("c", eager, worse, None, None, reference=wide).problems
+    assert problem.startswith("output: further from a float64 run than eager is (RMS error ")
+    # tolerances given: eager alone is the measure, as for any dtype
+    assert reference_for(model, ((x,), {}), eager, 1e-2, 1e-2) is False
+    assert isinstance(compare("c", eager, worse, 1e-2, 1e-2), Comparison)
