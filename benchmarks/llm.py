@@ -5,7 +5,7 @@ The model has TinyLlama's shape (`transformers.LlamaConfig`: hidden 2048, 22 lay
 tokens for the last token's logits. It is built with `weights = "external"` by
 `python -m build --no-isolation` while the RSS of the build's whole process tree is sampled.
 The weights file is then served from 127.0.0.1 and fetched by a fresh process, timed against
-reading the same file through `urllib` alone, and the logits compared with eager's.
+curl fetching the same file, and the logits compared with eager's.
 Run with the test venv: `.venv-test/bin/python benchmarks/llm.py` (about 10 GB of disk).
 """
 
@@ -90,23 +90,32 @@ print(json.dumps({{"load": loaded, "first_call": call}}))
 """
 
 
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    handler = functools.partial(Quiet, directory=str(root))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     return httpd, httpd.server_address[1]
 
 
-def plain_read(url: str) -> float:
-    """Seconds to read ``url`` with urllib into nothing: the loopback's own speed, the fetch's yardstick."""
+def plain_read(url: str, out: Path) -> float:
+    """Seconds for curl (else urllib) to fetch ``url`` to a file: the fetch's yardstick."""
+    import shutil
     import urllib.request
 
     start = time.perf_counter()
-    with urllib.request.urlopen(url) as response:
-        while response.read(1 << 20):
-            pass
-    return time.perf_counter() - start
+    if shutil.which("curl"):
+        subprocess.run(["curl", "-sf", "-o", str(out), url], check=True)
+    else:
+        with urllib.request.urlopen(url) as response, out.open("wb") as f:
+            shutil.copyfileobj(response, f, 1 << 20)
+    seconds = time.perf_counter() - start
+    out.unlink()
+    return seconds
 
 
 def main() -> None:
@@ -140,7 +149,6 @@ def main() -> None:
         site = work / "site"
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
-        read = plain_read(f"http://127.0.0.1:{port}/{weights.name}")
         fetch_env = {**os.environ, "HATCH_AOTI_WEIGHTS_CACHE": str(work / "cache")}
         fetch_env.pop("PYTHONPATH", None)
         out = work / "y.pt"
@@ -153,6 +161,9 @@ def main() -> None:
         if proc.returncode:
             sys.exit(proc.stderr[-3000:])
         first = json.loads(proc.stdout.splitlines()[-1])
+        read = plain_read(
+            f"http://127.0.0.1:{port}/{weights.name}", work / "curl.bin"
+        )  # after: neither warms the other
         again = subprocess.run(
             [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))],
             capture_output=True,
@@ -161,7 +172,7 @@ def main() -> None:
         )
         cached = json.loads(again.stdout.splitlines()[-1])
         print(
-            f"first load (fetch, verify, map) {first['load']:.1f} s against reading the file from the server "
+            f"first load (fetch, verify, map) {first['load']:.1f} s against curl fetching the same file "
             f"{read:.1f} s: {read / first['load']:.2f} of its speed; a cached load {cached['load']:.2f} s"
         )
         import torch

@@ -146,7 +146,7 @@ def _mapped_weights(
 WEIGHTS_CACHE_VARIABLE = "HATCH_AOTI_WEIGHTS_CACHE"
 #: Seconds a fetch may wait for the server at a time (connecting, or for the next bytes).
 WEIGHTS_TIMEOUT_VARIABLE = "HATCH_AOTI_WEIGHTS_TIMEOUT"
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
 
 
 def _weights_path(name: str, entry: Entry) -> str:
@@ -312,12 +312,7 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
             if have and getattr(response, "status", 200) != 206:  # the server sends it all again
                 have, hasher = 0, hashlib.sha256()
             with open(part, "ab" if have else "wb") as out:
-                while chunk := response.read(_CHUNK):
-                    hasher.update(chunk)
-                    out.write(chunk)
-                    have += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
+                have += _copy_hashing(response, out, hasher)
     except Exception as exc:
         if _local_fault(exc):  # the cache's disk, not the server
             raise
@@ -335,6 +330,50 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
             f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
         )
     os.replace(part, path)
+
+
+def _copy_hashing(source: Any, out: Any, hasher: Any) -> int:
+    """Copy ``source`` to ``out``, hashing the bytes on the way; the hashing and writing run in a thread
+    beside the reading (all three release the GIL), so the bytes are gone over once, at the network's
+    pace. Buffers are reused in turn: the bytes are read into them, not copied out."""
+    import queue
+
+    buffers = [memoryview(bytearray(_CHUNK)) for _ in range(4)]
+    free: queue.Queue[memoryview] = queue.Queue()
+    for buffer in buffers:
+        free.put(buffer)
+    filled: queue.Queue[tuple[memoryview, int] | None] = queue.Queue()
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        while (item := filled.get()) is not None:
+            buffer, length = item
+            if not failed:
+                try:
+                    hasher.update(buffer[:length])
+                    out.write(buffer[:length])
+                except BaseException as exc:  # a full disk, say: raised in the reading thread
+                    failed.append(exc)
+            free.put(buffer)
+
+    writer = threading.Thread(target=drain, name="hatch-aoti-fetch", daemon=True)
+    writer.start()
+    copied = 0
+    try:
+        while not failed:
+            buffer = free.get()
+            length = source.readinto(buffer)
+            if not length:
+                free.put(buffer)
+                break
+            filled.put((buffer, length))
+            copied += length
+    finally:
+        filled.put(None)
+        writer.join()
+    if failed:
+        raise failed[0]
+    return copied
 
 
 def _local_fault(exc: Exception) -> bool:
