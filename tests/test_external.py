@@ -319,3 +319,22 @@ def test_a_read_only_cache_serves_what_it_holds_and_says_why_it_cannot_fetch(
     finally:
         for path in mounts:
             subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_inspect_and_verify_say_where_the_weights_come_from(
+    external_build: tuple[Path, Path, str],
+    served: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from hatch_aoti.cli import main
+
+    project, _, _ = external_build
+    (wheel,) = (project / "dist").glob("*.whl")
+    monkeypatch.setenv("HATCH_AOTI_WEIGHTS_CACHE", str(tmp_path / "cache"))
+    assert main(["inspect", str(wheel)]) == 0
+    assert f"weights from {served.url()}".replace("{file}", "") in capsys.readouterr().out
+    assert main(["verify", str(wheel)]) == 0
+    text = capsys.readouterr().out
+    assert "ok      mlp: ran " in text and ": cached at " in text and str(tmp_path / "cache") in text, text

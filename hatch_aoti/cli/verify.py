@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hatch_aoti.cli import calls, integrity, models
+from hatch_aoti.cli import calls, integrity, machine, models
 from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
 
@@ -20,6 +20,8 @@ def run(target: Target, out: Output, package_code: bool, eager: bool) -> int:
         for name in target.models:
             damaged = files.models[name] + [f"not loaded: {p}" for p in files.package]  # a damaged loader or manifest
             results[name] = verify(target, name, damaged, package_code, eager)
+            if "external" in target.model(name).get("weights", {}):  # fetched by the load, if it was not cached
+                results[name]["weights_source"] = machine.weights_source(target, name)
             step(name)
     statuses = [r["status"] for r in results.values()]
     passed = not files.package and "failed" not in statuses and "ok" in statuses
@@ -68,6 +70,10 @@ def show(data: dict[str, Any], out: Output) -> None:
             out.line(f"skipped {name}: {r['reason']}", style="yellow")
         else:
             out.line(f"FAILED  {name}: {r['reason']}", style="red")
+        source = r.get("weights_source")
+        if source and "url" in source:
+            where = f"{'cached' if source['cached'] else 'not cached'} at {source['path']}"
+            out.line(f"        weights from {source['url']}: {where}")
     counts = {s: sum(r["status"] == s for r in data["models"].values()) for s in ("ok", "failed", "skipped")}
     verdict = "passed" if data["passed"] else "FAILED"
     out.line(
