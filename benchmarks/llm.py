@@ -135,7 +135,7 @@ def main() -> None:
         env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1", "TMPDIR": str(work)}
         cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)]
         seconds, peak, largest, output = sampled(cmd, env, project)
-        (weights,) = (project / "dist-weights").iterdir()
+        (weights,) = (work / "dist-weights").iterdir()  # beside the wheel's dist/
         size = weights.stat().st_size
         (wheel,) = (work / "dist").glob("*.whl")
         print(f"weights {size / 1e9:.2f} GB ({weights.name})")

@@ -201,8 +201,10 @@ def _trusted(path: str, size: int) -> bool:
 
 def _stamp(path: str) -> None:
     st = os.stat(path)
-    with open(f"{path}.verified", "w", encoding="utf-8") as f:
+    part = f"{path}.verified.{os.getpid()}"
+    with open(part, "w", encoding="utf-8") as f:
         json.dump({"size": st.st_size, "mtime_ns": st.st_mtime_ns}, f)
+    os.replace(part, f"{path}.verified")
 
 
 def _fetched(name: str, weights: dict[str, Any]) -> str:
@@ -210,20 +212,23 @@ def _fetched(name: str, weights: dict[str, Any]) -> str:
     external, sha = weights["external"], weights["sha256"]
     directory = _weights_cache()
     path = os.path.join(directory, external["file"])
-    if _trusted(path, external["size"]) or _checked_in_place(path, sha):
+    if _trusted(path, external["size"]) or _right_in_place(path, sha):
         return path
     url = _weights_url(name, external)
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        raise RuntimeError(
+            f"compiled model {name!r}: its weights are not in the cache ({path}) and HF_HUB_OFFLINE is set; "
+            f"they come from {url}: fetch them beforehand with `python -m {_NAME} fetch {name}` on a "
+            f"machine that is online, or copy the file there"
+        )
     try:
         os.makedirs(directory, exist_ok=True)
         with _locked(os.path.join(directory, f"{external['file']}.lock")):
-            if _trusted(path, external["size"]):  # another process fetched it meanwhile
+            if _trusted(path, external["size"]) or _right_in_place(path, sha):  # fetched meanwhile
                 return path
-            if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
-                raise RuntimeError(
-                    f"compiled model {name!r}: its weights are not in the cache ({path}) and HF_HUB_OFFLINE is set; "
-                    f"they come from {url}: fetch them beforehand with `python -m {_NAME} fetch {name}` on a "
-                    f"machine that is online, or copy the file there"
-                )
+            for stale in (path, f"{path}.verified"):  # not the file this wheel was built with: never used
+                if os.path.exists(stale):
+                    os.remove(stale)
             _download(name, url, path, external["size"], sha)
             _stamp(path)
             return path
@@ -233,19 +238,14 @@ def _fetched(name: str, weights: dict[str, Any]) -> str:
         raise RuntimeError(_disk_problem(name, directory, external["size"], exc)) from None
 
 
-def _checked_in_place(path: str, sha: str) -> bool:
-    """A cached file not known to be verified (copied in by hand, or changed since): hashed now. A wrong
-    one is removed where the cache is writable; a right one is trusted from now on."""
-    if not os.path.exists(path):
+def _right_in_place(path: str, sha: str) -> bool:
+    """A cached file not known to be verified (copied in by hand, or changed since): hashed now, and
+    trusted from now on if it is right. A wrong one is removed only under the lock, by the fetch."""
+    if not os.path.exists(path) or _digest_of(path) != sha:
         return False
-    if _digest_of(path) == sha:
-        with contextlib.suppress(OSError):  # a read-only cache (an image's mirror): checked again next time
-            _stamp(path)
-        return True
-    for stale in (path, f"{path}.verified"):
-        with contextlib.suppress(OSError):
-            os.remove(stale)
-    return False
+    with contextlib.suppress(OSError):  # a read-only cache (an image's mirror): checked again next time
+        _stamp(path)
+    return True
 
 
 def _disk_problem(name: str, directory: str, size: int, exc: OSError) -> str:
@@ -268,7 +268,11 @@ class _locked:
         import fcntl
 
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)  # releases the lock
@@ -303,16 +307,19 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
     host = urllib.parse.urlsplit(url).hostname or ""
     token = os.environ.get("HF_TOKEN")
     if token and (host == "huggingface.co" or host.endswith(".huggingface.co")):
-        request.add_header("Authorization", f"Bearer {token}")
+        request.add_unredirected_header("Authorization", f"Bearer {token}")  # not to the CDN it redirects to
     if have:
         request.add_header("Range", f"bytes={have}-")
-    timeout = float(os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or 30)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        if have == size:  # all of it came before: only the check is left
+            raise _Complete
+        with urllib.request.urlopen(request, timeout=_timeout()) as response:
             if have and getattr(response, "status", 200) != 206:  # the server sends it all again
                 have, hasher = 0, hashlib.sha256()
             with open(part, "ab" if have else "wb") as out:
                 have += _copy_hashing(response, out, hasher)
+    except _Complete:
+        pass
     except Exception as exc:
         if _local_fault(exc):  # the cache's disk, not the server
             raise
@@ -330,6 +337,21 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
             f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
         )
     os.replace(part, path)
+
+
+class _Complete(Exception):
+    """The partial file of an earlier fetch is whole already."""
+
+
+def _timeout() -> float:
+    text = os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or "30"
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise RuntimeError(f"{WEIGHTS_TIMEOUT_VARIABLE}={text!r}: expected a number of seconds above 0")
+    return value
 
 
 def _copy_hashing(source: Any, out: Any, hasher: Any) -> int:
@@ -395,7 +417,7 @@ def _fetch_problem(name: str, url: str, exc: Exception) -> str:
         )
     reason = getattr(exc, "reason", None) or exc
     if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-        reason = f"no answer within {os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or 30} s ({WEIGHTS_TIMEOUT_VARIABLE})"
+        reason = f"no answer within {_timeout():g} s ({WEIGHTS_TIMEOUT_VARIABLE})"
     return (
         f"{where}: {reason}. Offline? Fetch them beforehand with `python -m {_NAME} fetch {name}`, or set "
         f"HATCH_AOTI_WEIGHTS_URL_{name.upper()} to a mirror; an interrupted fetch resumes where it stopped"
@@ -422,7 +444,7 @@ def _main(argv: list[str]) -> int:
     try:
         for name, path in fetch(*argv[1:]).items():
             print(f"{name}: {path}")
-    except (RuntimeError, KeyError) as exc:
+    except (RuntimeError, KeyError, ValueError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
     return 0
@@ -1192,9 +1214,10 @@ def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
     aoti = torch._C._aoti
     if device == "cpu" and not os.path.exists(so_path[: -len(".so")] + ".json"):
         return _Pool(lambda: _Container(torch, so_path, 1), _instances())
+    # torch's runners hold the GIL for a call: more instances would cost memory and run nothing at once
     if device == "cpu":  # ops run through torch's proxy executor, which only its runner sets up
-        return aoti.AOTIModelContainerRunnerCpu(so_path, _instances())
-    return aoti.AOTIModelContainerRunnerCuda(so_path, _instances(), device, os.path.dirname(so_path))
+        return aoti.AOTIModelContainerRunnerCpu(so_path, 1)
+    return aoti.AOTIModelContainerRunnerCuda(so_path, 1, device, os.path.dirname(so_path))
 
 
 class _Container:
@@ -1272,7 +1295,7 @@ class _Container:
         if getattr(self, "_handle", None):
             self._api["Delete"](self._handle)
 
-    def _handles(self, tensors: list[Any]) -> list[int]:
+    def _handles(self, tensors: list[Any]) -> list[int | None]:
         """New tensor handles (the C interface's ``AtenTensorHandle``) of ``tensors``."""
         pointer = self._pointer
         return [pointer(c, None) for c in self._to_handles(tensors)]
@@ -1412,8 +1435,7 @@ def _public_runner(name: str, entry: Entry) -> Any:
     archive = io.BytesIO()
     _write_pt2(name, entry, archive)
     archive.seek(0)
-    loaded = load_pt2(archive, load_weights_from_disk="weights" in entry, num_runners=_instances())
-    (runner,) = loaded.aoti_runners.values()
+    (runner,) = load_pt2(archive, load_weights_from_disk="weights" in entry).aoti_runners.values()
     return runner
 
 

@@ -49,3 +49,31 @@ def test_a_compiled_output_as_close_as_eager_passes_and_a_further_one_fails() ->
     # tolerances given: eager alone is the measure, as for any dtype
     assert reference_for(model, ((x,), {}), eager, 1e-2, 1e-2) is False
     assert isinstance(compare("c", eager, worse, 1e-2, 1e-2), Comparison)
+
+
+class Indexed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 16)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        index = (x * 10).to(torch.int64).clamp(0, 9)  # a cast to an integer dtype is done, not skipped
+        return self.table(index).sum(1).to(x.dtype)
+
+
+def test_casts_to_integers_and_devices_still_happen_in_the_float64_run() -> None:
+    torch.manual_seed(1)
+    model, x = Indexed().to(torch.bfloat16).eval(), torch.rand(4, 3, dtype=torch.bfloat16)
+    wide = reference(model, (x,), {})
+    assert wide is not None and wide.dtype is torch.float64 and wide.shape == (4, 16)
+
+
+def test_an_infinite_eager_value_does_not_let_a_wrong_output_pass() -> None:
+    model, x = net(), torch.randn(8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = model(x)
+    wide = reference(model, (x,), {})
+    eager[0, 0] = float("inf")
+    assert not compare("c", eager, eager.clone(), None, None, reference=wide).problems
+    (problem,) = compare("c", eager, eager * 2, None, None, reference=wide).problems
+    assert "further from a float64 run than eager is" in problem

@@ -66,10 +66,10 @@ def candidate_miss(label: str) -> Miss:
 def test_the_fastest_verified_candidate_is_kept_and_a_failing_one_dropped(tmp_path: Path) -> None:
     self, events = coordinator(tmp_path, ["defaults", "cpp-gemm", "no-freezing"])
     entry = {"verification": {"passed": True, "tried": []}}
-    self.tuned("m--defaults", entry, None, 0.003, cached=False)
+    self.tuned("m--defaults", entry, None, 0.003, cached="")
     self.fail_or_drop(candidate_miss("m--cpp-gemm"), "compile", "the aoti backend failed: boom\nmore")
     assert "m" not in self.entries, "not before every candidate is in"
-    self.tuned("m--no-freezing", entry, None, 0.002, cached=True)
+    self.tuned("m--no-freezing", entry, None, 0.002, cached="local")
     assert self.entries["m"]["tuning"] == {
         "chosen": "no-freezing",
         "candidates": [

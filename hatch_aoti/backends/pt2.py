@@ -75,6 +75,8 @@ def unpack_pt2(pt2: Path, target: Path) -> dict[str, Any]:
             if config is None:
                 raise ValueError(f"{pt2.name} has weights but no {WEIGHTS_CONFIG}")
             entry["weights"] = write_weights(archive, weights, json.loads(archive.read(config)), target)
+        elif config is not None:  # no weights to write it again from: kept as it came
+            inline[config.filename.partition("/")[2]] = archive.read(config).decode("utf-8")
     libraries = sorted(m for m in members if m.startswith("data/aotinductor/") and m.endswith(".so"))
     if len(libraries) != 1:
         raise ValueError(f"expected one compiled library in {pt2.name}, found {libraries or 'none'}")

@@ -75,7 +75,8 @@ class AotiBuildHook(BuildHookInterface):
         package, source_root = self._find_package(settings)
         self._stage = pipeline.open_stage(Path(self.root))
         report = pipeline.Reporter(self.app.display_info, self.app.display_success, self.app.display_warning)
-        project = pipeline.Project(Path(self.root), list(dict.fromkeys([str(source_root), self.root])), package)
+        paths = list(dict.fromkeys([str(source_root), self.root]))
+        project = pipeline.Project(Path(self.root), paths, package, output=Path(self.directory))
         staged = pipeline.build(settings, project, self._stage.path, report, editable=version == "editable")
         if version == "editable":
             self._editable(build_data, package, settings.loader, staged.package_dir)

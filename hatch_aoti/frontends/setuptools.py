@@ -159,6 +159,14 @@ class build_aoti(Command):
     def finalize_options(self) -> None:
         self.set_undefined_options("build_py", ("build_lib", "build_lib"))
 
+    def _output_dir(self) -> Path | None:
+        """Where the wheel goes: bdist_wheel's directory, or the one it is moved to from setuptools'
+        temporary directory inside it (``build_meta``'s ``.tmp-*``)."""
+        if "bdist_wheel" not in self.distribution.command_obj:
+            return None
+        dist = Path(self.get_finalized_command("bdist_wheel").dist_dir).absolute()
+        return dist.parent if dist.name.startswith(".tmp-") else dist
+
     def run(self) -> None:
         from hatch_aoti.pipeline import core as pipeline
         from hatch_aoti.settings.config import ConfigError
@@ -170,7 +178,8 @@ class build_aoti(Command):
             stage = pipeline.open_stage(root)
             try:
                 report = pipeline.Reporter(self._info, self._info, self._warn)
-                project = pipeline.Project(root, list(dict.fromkeys([str(import_root), str(root)])), package)
+                paths = list(dict.fromkeys([str(import_root), str(root)]))
+                project = pipeline.Project(root, paths, package, output=self._output_dir())
                 staged = pipeline.build(settings, project, stage.path, report, editable=self.editable_mode)
                 self._place(staged, package, settings.loader, stage.path)
             finally:

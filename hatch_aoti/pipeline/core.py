@@ -54,6 +54,8 @@ class Project:
     """Where the project's packages import from (``src/`` layouts included)."""
     package: str
     """The package that receives the loader and the artifacts."""
+    output: Path | None = None
+    """Where the wheel goes (``dist/``), if the front end knows: external weights go beside it."""
 
 
 @dataclass
@@ -130,9 +132,12 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     preparing.join()
     package = stage / "package"
     if not editable:
-        from hatch_aoti.pipeline.external import publish
+        from hatch_aoti.pipeline.external import NotWritten, publish
 
-        publish(settings, project.root, package, report)
+        try:
+            publish(settings, project.root, project.output, package, report)
+        except NotWritten as exc:
+            raise BuildFailed(str(exc)) from None
     tag = None if editable else _tag(package)
     if tag is not None and tag[1]:
         report.warning(f"aoti: tagging the wheel {tag[0]}: {tag[1]}")

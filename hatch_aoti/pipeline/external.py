@@ -19,18 +19,38 @@ from hatch_aoti.settings.config import Settings
 INDEX_LIMIT = 100 * 10**6
 
 
-def publish(settings: Settings, root: Path, package: Path, report: Any) -> None:
+class NotWritten(Exception):
+    """A weights file could not be written where it goes; the message says where and what is needed."""
+
+
+def weights_dir(settings: Settings, root: Path, output: Path | None) -> Path:
+    """``weights-dir``: relative to the directory that receives the wheel's own directory (``dist-weights/``
+    beside ``dist/``), so that a wheel built from an unpacked sdist still leaves it where the user looks;
+    relative to the project where the front end does not say where the wheel goes."""
+    return (output.resolve().parent if output is not None else root) / settings.weights_dir
+
+
+def publish(settings: Settings, root: Path, output: Path | None, package: Path, report: Any) -> None:
     """Move each external model's weights out of the staged package into ``weights-dir``; say what to upload."""
     external = [m for m in settings.models if m.weights == "external"]
     if external:
         data = manifest.read(package)
-        target = root / settings.weights_dir
+        target = weights_dir(settings, root, output)
         for spec in external:
             entry = data["models"][spec.name]
-            weights = entry["weights"]  # type: ignore[typeddict-item]
+            weights = entry.get("weights")
+            if weights is None:  # nothing to fetch: a model without parameters
+                report.warning(f'aoti: {spec.name}: `weights = "external"`, but the model has no weights to keep out')
+                continue
             source = package / ARTIFACT_DIR / spec.name / weights["file"]
             name, size = f"{weights['sha256']}.bin", source.stat().st_size
-            _place(source, target / name)
+            try:
+                _place(source, target / name)
+            except OSError as exc:
+                raise NotWritten(
+                    f"model {spec.name!r}: cannot write its weights to {target} ({exc.strerror or exc}); "
+                    f"set `weights-dir` in {settings.table} to a writable directory with {size / 2**20:.0f} MiB free"
+                ) from None
             entry.get("files", {}).pop(weights["file"], None)
             weights["external"] = {"url": spec.weights_url, "file": name, "size": size}
             url = str(spec.weights_url).replace("{file}", name)

@@ -33,6 +33,14 @@ class Entry(TypedDict, total=False):
     inductor_configs: dict[str, Any]
     files: dict[str, str]
     torch_symbols: list[str]
+    members: list[str]
+    """The ``.pt2`` package's members, for ``save_pt2()``."""
+    inline: dict[str, str]
+    """Its small text members, kept here rather than as files."""
+    weights: dict[str, Any]
+    """The mapped weights: ``file``, ``sha256``, each constant's place in the file, and ``external``."""
+    tuning: dict[str, Any]
+    """``tune = true``: each candidate's time or why it was dropped, and the one kept."""
 
 
 class Manifest(TypedDict):

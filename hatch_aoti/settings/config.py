@@ -617,8 +617,8 @@ class Table:
     )
     tune: bool = key("default `tune` of the models (`aoti` models; see [Tuning](#tuning))", default=False)
     weights_dir: str = key(
-        'where a build writes the files of `weights = "external"` models, relative to the project '
-        "(kept out of `dist/`, so that `twine upload dist/*` uploads only the wheel)",
+        'where a build writes the files of `weights = "external"` models, relative to the directory that '
+        "holds the wheel's (`dist-weights/` beside `dist/`, so that `twine upload dist/*` uploads only the wheel)",
         default="dist-weights",
     )
     models: dict[str, ModelTable] = key(

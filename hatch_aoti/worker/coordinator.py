@@ -144,7 +144,8 @@ class Coordinator:
         if self.cache.enabled:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
             names = {} if backend.in_helpers else {"loader": self.loader_name, "factory": spec.factory}
-            key = cache_key(exported, spec, model.plan, configs, {**backend.key(), **names})
+            tuned = {"tune": label} if label != spec.name else {}  # a candidate's entry holds its time too
+            key = cache_key(exported, spec, model.plan, configs, {**backend.key(), **names, **tuned})
         try:
             found = self.cache.lookup(spec.name, key, spec.backend, self.artifacts / label) if key else None
         except NoSpace as exc:
@@ -155,7 +156,7 @@ class Coordinator:
             entry = {k: v for k, v in record["entry"].items() if k != "tuning"}
             if label != spec.name:
                 seconds = record["entry"].get("tuning", {}).get("seconds")
-                self.tuned(label, entry, record.get("errors"), seconds, cached=True)
+                self.tuned(label, entry, record.get("errors"), seconds, cached=tier)
                 return None
             self.entries[spec.name] = entry
             check = _summary(entry["verification"], record.get("errors"))
@@ -396,7 +397,7 @@ class Coordinator:
                     miss, {"entry": {**entry, "tuning": {"seconds": seconds}}, "errors": errors}
                 ):
                     return
-                self.tuned(miss.label, entry, errors, seconds, cached=False)
+                self.tuned(miss.label, entry, errors, seconds, cached="")
 
     def fail_or_drop(self, miss: Miss, stage: str, message: str) -> None:
         """A model fails; a candidate is only dropped, with one line, and its staged files removed."""
@@ -411,20 +412,20 @@ class Coordinator:
         self.tunings[miss.name].dropped[miss.candidate] = f"{stage}: {first}"
         self.finish_tuning(miss.name)
 
-    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float | None, *, cached: bool) -> None:
+    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float | None, *, cached: str) -> None:
         """One candidate verified (now or when it was cached); the model is done once all of them are."""
         from hatch_aoti.worker.tuning import SEPARATOR
 
         name, _, candidate = label.partition(SEPARATOR)
         tuning = self.tunings[name]
-        if seconds is None:  # cached by a build that did not tune: timed with the others, not stored again
+        if seconds is None:  # an entry without its time: timed with the others, not stored again
             model = next(m for m in self.prepared if m.spec.name == name)
             tuning.untimed[candidate] = (entry, errors, Miss(model, None, "", entry, None, label))
-            tuning.cached.add(candidate)
+            tuning.cached[candidate] = cached
             return
         tuning.results[candidate] = (entry, errors, seconds)
         if cached:
-            tuning.cached.add(candidate)
+            tuning.cached[candidate] = cached
         how = "from cache" if cached else "verified"
         self.emit(protocol.Info(f"{name}: candidate {candidate}: {seconds * 1e3:.2f} ms per call, {how}"))
         self.finish_tuning(name)
@@ -453,8 +454,9 @@ class Coordinator:
         self.emit(protocol.Info(f"{name}: tuned: kept {best} (times taken on this machine)"))
         check = _summary(entry["verification"], errors)
         elapsed = time.perf_counter() - tuning.start
-        if tuning.cached == set(tuning.results) and not tuning.dropped:
-            self.emit(protocol.Cached(name, elapsed, check, "local"))
+        if set(tuning.cached) == set(tuning.results) and not tuning.dropped:
+            tier = "remote" if "remote" in tuning.cached.values() else "local"
+            self.emit(protocol.Cached(name, elapsed, check, tier))
         else:
             self.emit(protocol.Built(name, elapsed, check))
 

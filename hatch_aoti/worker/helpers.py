@@ -47,8 +47,9 @@ class Helpers:
         self._stage, self._job = stage, job
         self._argv = argv or [sys.executable, "-m", "hatch_aoti.worker.helpers"]
         self._children: dict[int, tuple[Child, list[str]]] = {}
-        self._events: queue.Queue[tuple[Child, Any] | None] = queue.Queue()
+        self._events: queue.Queue[tuple[Child, protocol.Event | None] | None] = queue.Queue()
         self._reader: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def start(self, groups: list[list[Task]]) -> None:
         import os
@@ -76,6 +77,8 @@ class Helpers:
         try:
             for item in watch([c for c, _ in self._children.values()]):
                 self._events.put(item)
+        except BaseException as exc:  # an unreadable event: the models still pending fail with it
+            self._error = exc
         finally:
             self._events.put(None)
 
@@ -105,6 +108,8 @@ class Helpers:
                 elif isinstance(event, protocol.Failed):
                     pending[child.events].remove(event.model)
                     yield Outcome(event.model, error=event.message)
+            why = f"the compile helpers' events could not be read ({self._error!r})"
+            yield from (Outcome(model, error=why) for left in pending.values() for model in left)
         finally:
             self.end()
 
@@ -112,7 +117,7 @@ class Helpers:
         for child, _ in self._children.values():
             child.kill()
         if self._reader is not None:  # their pipes close with them: the reader ends before they are released
-            self._reader.join()
+            self._reader.join(timeout=30)  # a grandchild holding a pipe open cannot keep the build waiting
         for child, _ in self._children.values():
             child.end()
 

@@ -43,7 +43,8 @@ class Tuning:
     start: float = 0.0
     results: dict[str, tuple[dict[str, Any], Any, float]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
-    cached: set[str] = field(default_factory=set)
+    cached: dict[str, str] = field(default_factory=dict)
+    """Candidates that came from the cache, and from which tier."""
     untimed: dict[str, tuple[dict[str, Any], Any, Any]] = field(default_factory=dict)
     """Verified candidates waiting to be timed: entry, errors and the miss that stores them."""
 
