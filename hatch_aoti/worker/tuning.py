@@ -62,7 +62,7 @@ class Tuning:
         rows = []
         for name in self.names:
             if name in self.results:
-                rows.append({"candidate": name, "ms": round(self.results[name][2] * 1e3, 4)})
+                rows.append({"candidate": name, "ms": round(self.results[name][2] * 1e3, 6)})
             else:
                 rows.append({"candidate": name, "dropped": self.dropped.get(name, "")})
         return {"chosen": self.best(), "candidates": rows, "timed_on": "the build machine, the example inputs"}
