@@ -59,7 +59,7 @@ def compare(
         if not isinstance(c, torch.Tensor):
             result.problems.append(f"{where}: compiled returned {type(c).__name__}, eager a tensor")
             continue
-        if isinstance(r, torch.Tensor) and e.dtype in LOW_PRECISION and rtol is None and atol is None:
+        if isinstance(r, torch.Tensor) and e.dtype in LOW_PRECISION:  # given only where no tolerance was
             compare_with_reference(where, e, c, r, result)
         else:
             compare_tensors(where, e, c, rtol, atol, result)
@@ -72,15 +72,9 @@ def _shown(value: Any) -> str:
 
 def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float | None, result: Comparison) -> None:
     """One tensor pair: shape, dtype, NaN/Inf where eager has none, then values within tolerance."""
-    if e.shape != c.shape or e.dtype != c.dtype:
-        result.problems.append(f"{where}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}")
-        return
     e, c = e.detach().cpu(), c.detach().cpu()
-    if e.is_floating_point() or e.is_complex():
-        bad = ~torch.isfinite(c) & torch.isfinite(e)
-        if bool(bad.any()):
-            result.problems.append(f"{where}: compiled has {int(bad.sum())} NaN/Inf values where eager has none")
-            return
+    if not _comparable(where, e, c, result):
+        return
     default_rtol, default_atol = default_tolerances(e.dtype)
     r = default_rtol if rtol is None else rtol
     a = default_atol if atol is None else atol
@@ -88,12 +82,7 @@ def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float 
         return
     wide = torch.complex128 if e.is_complex() else torch.float64
     ed, cd = e.to(wide), c.to(wide)
-    finite = torch.isfinite(ed) & torch.isfinite(cd)
-    diff = (ed - cd).abs().where(finite, torch.zeros((), dtype=torch.float64))
-    rel = diff / ed.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    max_abs, max_rel = float(diff.max()), float(rel.where(diff > 0, torch.zeros((), dtype=torch.float64)).max())
-    result.max_abs = max(result.max_abs, max_abs)
-    result.max_rel = max(result.max_rel, max_rel)
+    max_abs, max_rel = _record_errors(ed, cd, result)
     try:
         torch.testing.assert_close(cd, ed, rtol=r, atol=a, equal_nan=True)
     except AssertionError:
@@ -101,6 +90,30 @@ def compare_tensors(where: str, e: Any, c: Any, rtol: float | None, atol: float 
             f"{where}: values differ beyond rtol={r:g}, atol={a:g} "
             f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
         )
+
+
+def _comparable(where: str, e: Any, c: Any, result: Comparison) -> bool:
+    """Same shape and dtype, and no NaN/Inf in the compiled tensor where eager has none; else the problem."""
+    if e.shape != c.shape or e.dtype != c.dtype:
+        result.problems.append(f"{where}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}")
+        return False
+    if e.is_floating_point() or e.is_complex():
+        bad = ~torch.isfinite(c) & torch.isfinite(e)
+        if bool(bad.any()):
+            result.problems.append(f"{where}: compiled has {int(bad.sum())} NaN/Inf values where eager has none")
+            return False
+    return True
+
+
+def _record_errors(ed: Any, cd: Any, result: Comparison) -> tuple[float, float]:
+    """The largest absolute and relative errors where both are finite (widened tensors), kept in ``result``."""
+    finite = torch.isfinite(ed) & torch.isfinite(cd)
+    diff = (ed - cd).abs().where(finite, torch.zeros((), dtype=torch.float64))
+    rel = diff / ed.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    max_abs, max_rel = float(diff.max()), float(rel.where(diff > 0, torch.zeros((), dtype=torch.float64)).max())
+    result.max_abs = max(result.max_abs, max_abs)
+    result.max_rel = max(result.max_rel, max_rel)
+    return max_abs, max_rel
 
 
 #: Output dtypes whose eager results are themselves rounded as much as a compiled model may differ: checked
@@ -114,21 +127,18 @@ REFERENCE_FLOOR = 1e-3
 
 def compare_with_reference(where: str, e: Any, c: Any, r: Any, result: Comparison) -> None:
     """A low-precision output: as close to the float64 result as eager is, within the multiplier and floor."""
-    if e.shape != c.shape or e.dtype != c.dtype or e.shape != r.shape:
-        result.problems.append(f"{where}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}")
+    e, c = e.detach().cpu(), c.detach().cpu()
+    if not _comparable(where, e, c, result):
         return
-    e, c, r = (t.detach().cpu().to(torch.float64) for t in (e, c, r))
-    bad = ~torch.isfinite(c) & torch.isfinite(e)
-    if bool(bad.any()):
-        result.problems.append(f"{where}: compiled has {int(bad.sum())} NaN/Inf values where eager has none")
+    if e.shape != r.shape:
+        result.problems.append(f"{where}: eager {e.dtype}{list(e.shape)}, float64 run {list(r.shape)}")
         return
+    e, c, r = (t.to(torch.float64) for t in (e, c, r.detach().cpu()))
     finite = torch.isfinite(e) & torch.isfinite(c) & torch.isfinite(r)  # errors where all three are numbers
     e, c, r = e[finite], c[finite], r[finite]
     if e.numel() == 0:
         return
-    diff = (c - e).abs()
-    result.max_abs = max(result.max_abs, float(diff.max()))
-    result.max_rel = max(result.max_rel, float((diff / e.abs().clamp_min(1e-30)).where(diff > 0, 0.0).max()))
+    _record_errors(e, c, result)
 
     def rms(t: Any) -> float:
         return float(t.square().mean().sqrt())
@@ -189,13 +199,10 @@ def reference(module: Any, args: Any, kwargs: Any) -> Any:
         return None
 
 
-def reference_for(module: Any, sample: Any, expected: Any, rtol: float | None, atol: float | None) -> Any:
-    """The float64 outputs to compare low-precision ones with: ``False`` where none are needed (no such
-    output, or tolerances given), ``None`` where the model cannot run in float64 (eager is the measure then)."""
+def needs_reference(expected: Any, rtol: float | None, atol: float | None) -> bool:
+    """Whether outputs are compared with a float64 run: some are low-precision, and no tolerance was given."""
     low = any(isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION for t in pytree.tree_leaves(expected))
-    if not low or rtol is not None or atol is not None:
-        return False
-    return reference(module, *copied(sample))
+    return low and rtol is None and atol is None
 
 
 class VerificationFailed(Exception):
@@ -218,10 +225,11 @@ def verify_model(
         with torch.no_grad():
             expected = _call(module, e_args, e_kwargs, f"eager model failed on {label} inputs {shapes}")
             actual = _call(compiled, c_args, c_kwargs, f"compiled model failed on {label} inputs {shapes}")
-        wide = reference_for(module, sample, expected, rtol, atol)
-        if wide is not False:
+        wide = None
+        if needs_reference(expected, rtol, atol):
+            wide = reference(module, *copied(sample))
             checks.add("float64 reference" if wide is not None else "eager (no float64 run)")
-        result = compare(label, expected, actual, rtol, atol, reference=None if wide is False else wide)
+        result = compare(label, expected, actual, rtol, atol, reference=wide)
         mutated = compare(label, (e_args, e_kwargs), (c_args, c_kwargs), rtol, atol, what="input")
         problems = result.problems + [f"after the call, {p}" for p in mutated.problems]
         if problems:
