@@ -154,14 +154,16 @@ class Coordinator:
         if found is not None:
             record, tier = found
             entry = {k: v for k, v in record["entry"].items() if k != "tuning"}
-            if label != spec.name:
-                seconds = record["entry"].get("tuning", {}).get("seconds")
+            seconds = record["entry"].get("tuning", {}).get("seconds")
+            if label != spec.name and seconds is not None:
                 self.tuned(label, entry, record.get("errors"), seconds, cached=tier)
                 return None
-            self.entries[spec.name] = entry
-            check = _summary(entry["verification"], record.get("errors"))
-            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
-            return None
+            if label == spec.name:
+                self.entries[spec.name] = entry
+                check = _summary(entry["verification"], record.get("errors"))
+                self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
+                return None
+            # a candidate's entry without its time: compiled, verified and timed again
         try:
             call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
         except ValueError as exc:  # a size the loader cannot check (not a*dim + b)
@@ -393,9 +395,7 @@ class Coordinator:
             for candidate, values in times.items():
                 entry, errors, miss = tuning.untimed.pop(candidate)
                 seconds = sorted(values)[len(values) // 2]
-                if miss.key and not self.store(
-                    miss, {"entry": {**entry, "tuning": {"seconds": seconds}}, "errors": errors}
-                ):
+                if not self.store(miss, {"entry": {**entry, "tuning": {"seconds": seconds}}, "errors": errors}):
                     return
                 self.tuned(miss.label, entry, errors, seconds, cached="")
 
@@ -412,17 +412,13 @@ class Coordinator:
         self.tunings[miss.name].dropped[miss.candidate] = f"{stage}: {first}"
         self.finish_tuning(miss.name)
 
-    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float | None, *, cached: str) -> None:
-        """One candidate verified (now or when it was cached); the model is done once all of them are."""
+    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float, *, cached: str) -> None:
+        """One candidate verified and timed (now, or when it was cached: ``cached`` names the tier); the
+        model is done once all of them are."""
         from hatch_aoti.worker.tuning import SEPARATOR
 
         name, _, candidate = label.partition(SEPARATOR)
         tuning = self.tunings[name]
-        if seconds is None:  # an entry without its time: timed with the others, not stored again
-            model = next(m for m in self.prepared if m.spec.name == name)
-            tuning.untimed[candidate] = (entry, errors, Miss(model, None, "", entry, None, label))
-            tuning.cached[candidate] = cached
-            return
         tuning.results[candidate] = (entry, errors, seconds)
         if cached:
             tuning.cached[candidate] = cached

@@ -46,7 +46,7 @@ class Tuning:
     cached: dict[str, str] = field(default_factory=dict)
     """Candidates that came from the cache, and from which tier."""
     untimed: dict[str, tuple[dict[str, Any], Any, Any]] = field(default_factory=dict)
-    """Verified candidates waiting to be timed: entry, errors and the miss that stores them."""
+    """Candidates verified in this build, waiting to be timed: entry, errors and the miss that stores them."""
 
     @property
     def complete(self) -> bool:
