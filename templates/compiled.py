@@ -170,13 +170,17 @@ def _weights_url(name: str, external: dict[str, Any]) -> str:
     return str(override or external["url"]).replace("{file}", external["file"])
 
 
+def _cached_path(external: dict[str, Any]) -> str:
+    return os.path.join(_weights_cache(), external["file"])
+
+
 def _weights_state(name: str) -> dict[str, Any] | None:
     """Where an external model's weights come from and whether they are in the cache (``info()``, the CLI)."""
     weights = _entry(name).get("weights", {})
     external = weights.get("external")
     if external is None:
         return None
-    path = os.path.join(_weights_cache(), external["file"])
+    path = _cached_path(external)
     return {
         "url": _weights_url(name, external),
         "size": external["size"],
@@ -210,8 +214,8 @@ def _stamp(path: str) -> None:
 def _fetched(name: str, weights: dict[str, Any]) -> str:
     """The cached, verified weights file of model ``name``; fetched (and checked) first if it is not."""
     external, sha = weights["external"], weights["sha256"]
-    directory = _weights_cache()
-    path = os.path.join(directory, external["file"])
+    path = _cached_path(external)
+    directory = os.path.dirname(path)
     if _trusted(path, external["size"]) or _right_in_place(path, sha):
         return path
     url = _weights_url(name, external)
@@ -310,20 +314,17 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
         request.add_unredirected_header("Authorization", f"Bearer {token}")  # not to the CDN it redirects to
     if have:
         request.add_header("Range", f"bytes={have}-")
-    try:
-        if have == size:  # all of it came before: only the check is left
-            raise _Complete
-        with urllib.request.urlopen(request, timeout=_timeout()) as response:
-            if have and getattr(response, "status", 200) != 206:  # the server sends it all again
-                have, hasher = 0, hashlib.sha256()
-            with open(part, "ab" if have else "wb") as out:
-                have += _copy_hashing(response, out, hasher)
-    except _Complete:
-        pass
-    except Exception as exc:
-        if _local_fault(exc):  # the cache's disk, not the server
-            raise
-        raise RuntimeError(_fetch_problem(name, url, exc)) from None
+    if have < size:  # else all of it came before: only the check is left
+        try:
+            with urllib.request.urlopen(request, timeout=_timeout()) as response:
+                if have and getattr(response, "status", 200) != 206:  # the server sends it all again
+                    have, hasher = 0, hashlib.sha256()
+                with open(part, "ab" if have else "wb") as out:
+                    have += _copy_hashing(response, out, hasher)
+        except Exception as exc:
+            if _local_fault(exc):  # the cache's disk, not the server
+                raise
+            raise RuntimeError(_fetch_problem(name, url, exc)) from None
     if have < size:  # the server stopped early: what came is kept for the next try to resume from
         raise RuntimeError(
             _fetch_problem(name, url, ConnectionError(f"the connection closed after {have} of {size} bytes"))
@@ -337,10 +338,6 @@ def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
             f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
         )
     os.replace(part, path)
-
-
-class _Complete(Exception):
-    """The partial file of an earlier fetch is whole already."""
 
 
 def _timeout() -> float:
@@ -462,9 +459,10 @@ def _pickled_weights(name: str, entry: Entry) -> dict[str, Callable[[IO[bytes]],
     blob = _mapped_weights(torch, name, entry, {file: file for file in storages}, storages)
     config = {c: [t["file"], t["shape"], t["stride"], t["storage_offset"]] for c, t in tensors.items()}
 
+    dtypes = {t["file"]: getattr(torch, t["dtype"]) for t in tensors.values()}
+
     def writer(file: str) -> Callable[[IO[bytes]], None]:  # the storage's bytes as its own dtype again
-        dtype = getattr(torch, next(t["dtype"] for t in tensors.values() if t["file"] == file))
-        return lambda out: torch.save(blob[file].clone().view(dtype), out)
+        return lambda out: torch.save(blob[file].clone().view(dtypes[file]), out)
 
     (config_member,) = [m for m in entry["members"] if m.endswith("weights_config.json")]
     writers = {f"data/weights/{file}": writer(file) for file in storages}
@@ -1213,7 +1211,7 @@ def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
     """The AOTInductor container runner straight on the shipped shared library: nothing extracted."""
     aoti = torch._C._aoti
     if device == "cpu" and not os.path.exists(so_path[: -len(".so")] + ".json"):
-        return _Pool(lambda: _Container(torch, so_path, 1), _instances())
+        return _Pool(lambda: _Container(torch, so_path), _instances())
     # torch's runners hold the GIL for a call: more instances would cost memory and run nothing at once
     if device == "cpu":  # ops run through torch's proxy executor, which only its runner sets up
         return aoti.AOTIModelContainerRunnerCpu(so_path, 1)
@@ -1221,11 +1219,11 @@ def _fast_runner(torch: Any, so_path: str, device: str) -> Any:
 
 
 class _Container:
-    """The library's model container through its C interface, which torch's CPU runner calls too.
-    Through ctypes a call releases the GIL, so calls from several threads run at once (one per
-    instance), as eager modules' do. It offers the runner methods the loader uses."""
+    """The library's model container, of one instance, through its C interface, which torch's CPU runner
+    calls too. Through ctypes a call releases the GIL, so calls on containers of their own run at once
+    (see :class:`_Pool`), as eager modules' do. It offers the runner methods the loader uses."""
 
-    def __init__(self, torch: Any, so_path: str, instances: int) -> None:
+    def __init__(self, torch: Any, so_path: str) -> None:
         import ctypes
 
         self._ctypes = ctypes
@@ -1251,7 +1249,7 @@ class _Container:
         }
         self._api = {name: self._function(name, args) for name, args in prototypes.items()}
         self._handle = handle()
-        self._check(self._api["CreateWithDevice"](ctypes.byref(self._handle), instances, b"cpu", None))
+        self._check(self._api["CreateWithDevice"](ctypes.byref(self._handle), 1, b"cpu", None))
         self._n_in, self._n_out = self._count("GetNumInputs"), self._count("GetNumOutputs")
         self._inputs, self._outputs = ctypes.c_void_p * self._n_in, ctypes.c_void_p * self._n_out
         # torch hands tensor handles over as capsules of the pointer the C interface takes
@@ -1351,8 +1349,8 @@ class _Container:
 
 class _Pool:
     """Containers of one instance each, made as calls come in at once, up to ``limit``: a call takes the
-    one used last (its memory still in the CPU's caches; a container of several instances hands them
-    out in turn, about 3 us a call more for a small model), and a call finding all busy waits for one.
+    one used last (its memory still in the CPU's caches, where a container of several instances would
+    hand them out in turn), and a call finding all busy waits for one.
     The runner methods go to every container, the ones made later included."""
 
     def __init__(self, make: Callable[[], Any], limit: int) -> None:

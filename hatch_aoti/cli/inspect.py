@@ -52,6 +52,7 @@ def package_files(target: Target) -> list[dict[str, Any]]:
 
 def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
     configs = entry.get("inductor_configs", {})
+    external = "external" in entry.get("weights", {})
     directory = target.package_dir / ARTIFACT_DIR / name
     problems = machine.problems(target, name)
     return {
@@ -63,12 +64,8 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "cpu": entry["cpu"],
         "runs_here": not problems,
         "problems": problems,
-        "weights": "external"
-        if "external" in entry.get("weights", {})
-        else "mapped"
-        if "weights" in entry
-        else "in the library",
-        "weights_source": machine.weights_source(target, name) if "external" in entry.get("weights", {}) else None,
+        "weights": "external" if external else "mapped" if "weights" in entry else "in the library",
+        "weights_source": machine.weights_source(target, name) if external else None,
         "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
