@@ -4,8 +4,9 @@ The model has TinyLlama's shape (`transformers.LlamaConfig`: hidden 2048, 22 lay
 4 key-value heads, vocabulary 32000; seeded random weights, about 2.2 GB), called on 1 x 32
 tokens for the last token's logits. It is built with `weights = "external"` by
 `python -m build --no-isolation` while the RSS of the build's whole process tree is sampled.
-The weights file is then served from 127.0.0.1 and fetched by a fresh process, timed against
-curl fetching the same file, and the logits compared with eager's.
+The weights file is then served from 127.0.0.1 and fetched by a fresh process with an empty
+cache, timed against curl fetching the same file right after, over several rounds (a loopback
+fetch's time swings with the disk's writeback), and the logits compared with eager's.
 Run with the test venv: `.venv-test/bin/python benchmarks/llm.py` (about 10 GB of disk).
 """
 
@@ -16,6 +17,8 @@ import functools
 import http.server
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from big import sampled
@@ -73,12 +77,38 @@ inputs = [{{ shape = [1, 32], dtype = "int64", high = 32000 }}]
 weights = "external"
 weights-url = "{url}"
 """
+#: The same build of a model with next to no weights: what torch and the compile stack cost alone.
+FIXED = """
+[build-system]
+requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fixedpkg"
+version = "1.0"
+dependencies = ["torch==2.13.*"]
+
+[tool.hatch.build.targets.wheel.hooks.aoti.models.tiny]
+factory = "fixedpkg.models:tiny"
+inputs = [{ shape = [1, 8], dtype = "bfloat16" }]
+"""
+FIXED_MODELS = """
+import torch
+
+
+def tiny():
+    return torch.nn.Linear(8, 8, dtype=torch.bfloat16).eval()
+"""
 FETCH = """
 import json, sys, time
 sys.path.insert(0, {site!r})
 import torch
 from llmpkg import compiled
+def rss():
+    fields = (line.split(":", 1) for line in open("/proc/self/status"))
+    return {{k: int(v.split()[0]) * 1024 for k, v in fields if k.startswith("Rss")}}
 ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+before = rss()
 start = time.perf_counter()
 model = compiled.load("llama")
 loaded = time.perf_counter() - start
@@ -86,7 +116,7 @@ start = time.perf_counter()
 y = model(ids)
 call = time.perf_counter() - start
 torch.save(y, {out!r})
-print(json.dumps({{"load": loaded, "first_call": call}}))
+print(json.dumps({{"load": loaded, "first_call": call, "rss": rss(), "rss_torch": before}}))
 """
 
 
@@ -118,10 +148,35 @@ def plain_read(url: str, out: Path) -> float:
     return seconds
 
 
+def fixed_cost(project: Path, env: dict[str, str]) -> int:
+    """Peak RSS, over all processes, of the same build of a model without weights to speak of."""
+    (project / "fixedpkg").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(FIXED)
+    (project / "fixedpkg" / "__init__.py").write_text("")
+    (project / "fixedpkg" / "models.py").write_text(FIXED_MODELS)
+    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(project / "dist"), str(project)]
+    return sampled(cmd, env, project)[1]
+
+
+def load(site: Path, out: Path, cache: Path) -> dict[str, Any]:
+    """A fresh process's first ``compiled.load`` with ``cache`` as the weights cache, and its first call."""
+    env = {**os.environ, "HATCH_AOTI_WEIGHTS_CACHE": str(cache)}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))], capture_output=True, text=True, env=env
+    )
+    if proc.returncode:
+        sys.exit(proc.stderr[-3000:])
+    return dict(json.loads(proc.stdout.splitlines()[-1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=22, help="22: TinyLlama's 1.1B parameters")
+    parser.add_argument("--rounds", type=int, default=5, help="cold fetches, each beside a curl of the same file")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory(prefix="hatch-aoti-llm-") as tmp:
         work = Path(tmp)
         served = work / "served"
@@ -145,35 +200,38 @@ def main() -> None:
             if line.startswith("aoti:"):
                 print(f"  {line}")
         print(f"wheel {wheel.stat().st_size / 1e6:.2f} MB")
+        fixed = fixed_cost(work / "fixed", env)
+        print(
+            f"the same build of a model with no weights to speak of peaks at {fixed / 1e9:.2f} GB in all; "
+            f"taken off, the build peaks at {(peak - fixed) / size:.2f}x the weights"
+        )
         os.link(weights, served / weights.name)
         site = work / "site"
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
-        fetch_env = {**os.environ, "HATCH_AOTI_WEIGHTS_CACHE": str(work / "cache")}
-        fetch_env.pop("PYTHONPATH", None)
         out = work / "y.pt"
-        proc = subprocess.run(
-            [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))],
-            capture_output=True,
-            text=True,
-            env=fetch_env,
-        )
-        if proc.returncode:
-            sys.exit(proc.stderr[-3000:])
-        first = json.loads(proc.stdout.splitlines()[-1])
-        read = plain_read(
-            f"http://127.0.0.1:{port}/{weights.name}", work / "curl.bin"
-        )  # after: neither warms the other
-        again = subprocess.run(
-            [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))],
-            capture_output=True,
-            text=True,
-            env=fetch_env,
-        )
-        cached = json.loads(again.stdout.splitlines()[-1])
+        url = f"http://127.0.0.1:{port}/{weights.name}"
+        loads, reads = [], []
+        for round_ in range(args.rounds):  # a fresh cache each round; curl after, so neither warms the other
+            first = load(site, out, work / f"cache-{round_}")
+            loads.append(first["load"])
+            reads.append(plain_read(url, work / "curl.bin"))
+            if round_:
+                shutil.rmtree(work / f"cache-{round_}")
+        cached = load(site, out, work / "cache-0")
+        ratios = sorted(r / f for r, f in zip(reads, loads))
         print(
-            f"first load (fetch, verify, map) {first['load']:.1f} s against curl fetching the same file "
-            f"{read:.1f} s: {read / first['load']:.2f} of its speed; a cached load {cached['load']:.2f} s"
+            f"first load (fetch, verify, map), {args.rounds} rounds: {statistics.median(loads):.1f} s "
+            f"(each: {', '.join(f'{s:.1f}' for s in loads)}) against curl fetching the same file "
+            f"{statistics.median(reads):.1f} s (each: {', '.join(f'{s:.1f}' for s in reads)}): "
+            f"{statistics.median(ratios):.2f} of its speed (median of the rounds' ratios, range "
+            f"{ratios[0]:.2f}-{ratios[-1]:.2f}); a cached load {cached['load']:.2f} s"
+        )
+        rss, torch_only = cached["rss"], cached["rss_torch"]
+        grew = {k: (rss[k] - torch_only[k]) / 1e9 for k in ("RssAnon", "RssFile")}
+        print(
+            f"a cached load and a call add to `import torch`'s RSS {grew['RssAnon']:.2f} GB anonymous and "
+            f"{grew['RssFile']:.2f} GB of mapped files, against {size / 1e9:.2f} GB of weights"
         )
         import torch
 

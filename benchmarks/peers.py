@@ -13,6 +13,7 @@ for the second peer):
 
     .venv-test/bin/python benchmarks/peers.py                # the defaults
     .venv-test/bin/python benchmarks/peers.py --tune         # tune = true
+    .venv-test/bin/python benchmarks/peers.py --optimize host  # weights prepacked for this CPU
     .venv-test/bin/python benchmarks/peers.py --models bert,resnet50 --threads 2 --rounds 5
 """
 
@@ -91,9 +92,10 @@ name = "peerpkg"
 version = "1.0"
 dependencies = ["torch==2.13.*"]
 """
-TUNE = """
+TABLE = """
 [tool.hatch.build.targets.wheel.hooks.aoti]
-tune = true
+tune = {tune}
+optimize = "{optimize}"
 """
 MODEL_TABLE = """
 [tool.hatch.build.targets.wheel.hooks.aoti.models.{name}]
@@ -102,11 +104,11 @@ inputs = [{{ shape = {shape}, dtype = "{dtype}"{high} }}]
 """
 
 
-def build(models: list[str], tune: bool, work: Path) -> tuple[Path, float, str]:
+def build(models: list[str], tune: bool, optimize: str, work: Path) -> tuple[Path, float, str]:
     """The wheel of ``models``, unpacked into ``work/site``; the build's seconds and output."""
     project = work / "project"
     (project / "peerpkg").mkdir(parents=True)
-    tables = [PYPROJECT, TUNE if tune else ""]
+    tables = [PYPROJECT, TABLE.format(tune=str(tune).lower(), optimize=optimize)]
     for name in models:
         shape, dtype, high = INPUTS[name]
         tables.append(MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else ""))
@@ -208,6 +210,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune", action="store_true", help="build with tune = true")
+    parser.add_argument("--optimize", choices=("portable", "host"), default="portable", help="the table's optimize")
     args = parser.parse_args()
     models = args.models.split(",")
     import torch
@@ -216,8 +219,9 @@ def main() -> None:
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
     with tempfile.TemporaryDirectory(prefix="hatch-aoti-peers-") as tmp:
         work = Path(tmp)
-        site, seconds, log = build(models, args.tune, work)
-        print(f"built {len(models)} models in {seconds:.0f} s ({'tune = true' if args.tune else 'defaults'})")
+        site, seconds, log = build(models, args.tune, args.optimize, work)
+        settings = f"tune = {str(args.tune).lower()}, optimize = {args.optimize}"
+        print(f"built {len(models)} models in {seconds:.0f} s ({settings})")
         for line in log.splitlines():
             if line.startswith("aoti:") and any(w in line for w in ("tune", "candidate", "compiled")):
                 print(f"  {line}")
@@ -255,6 +259,7 @@ def main() -> None:
                     "cpu": cpu_name(),
                     "threads": args.threads,
                     "tune": args.tune,
+                    "optimize": args.optimize,
                     "ms": {n: {k: v * 1e3 for k, v in m.items()} for n, m in rows},
                     "geomean": {p: geomean(v) for p, v in ratios.items()},
                 }

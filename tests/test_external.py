@@ -297,14 +297,10 @@ def test_a_read_only_cache_serves_what_it_holds_and_says_why_it_cannot_fetch(
     _, site, _ = external_build
     load(runtime, site, tmp_path / "filled")
     mounts = []
-    for name in ("mirror", "empty"):
-        path = tmp_path / name
-        path.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(path)], capture_output=True)
-        if mounted.returncode:
-            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-        mounts.append(path)
     try:
+        for name in ("mirror", "empty"):
+            tmpfs(tmp_path / name, 8 * 2**20)
+            mounts.append(tmp_path / name)
         for file in (tmp_path / "filled").iterdir():
             if not file.name.endswith((".lock", ".part")):
                 shutil.copy2(file, tmp_path / "mirror" / file.name)
@@ -319,6 +315,32 @@ def test_a_read_only_cache_serves_what_it_holds_and_says_why_it_cannot_fetch(
     finally:
         for path in mounts:
             subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def tmpfs(path: Path, size: int) -> None:
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(
+    external_build: tuple[Path, Path, str], served: Server, runtime: Runtime, tmp_path: Path
+) -> None:
+    _, site, _ = external_build
+    manifest = json.loads((site / "extpkg" / "_aoti" / "manifest.json").read_text())
+    size = manifest["models"]["mlp"]["weights"]["external"]["size"]
+    assert size >= 64 * 1024, "the test needs a file of several pages"
+    small = tmp_path / "small"
+    tmpfs(small, size // 2 // 4096 * 4096)
+    try:
+        message = error(load(runtime, site, small, check=False))
+        assert f"cannot store its weights in {small}: not enough disk space or quota (" in message, message
+        assert "HATCH_AOTI_WEIGHTS_CACHE" in message
+        assert [p.name for p in small.iterdir() if not p.name.endswith(".lock")] == [], "no partial file kept"
+        assert served.requests, "it got as far as the download"
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_inspect_and_verify_say_where_the_weights_come_from(

@@ -86,7 +86,8 @@ class Problems:
     items: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
-        self.items.append((path, message))
+        if (path, message) not in self.items:  # a table's problem, found through each of its models
+            self.items.append((path, message))
 
     def raise_if_any(self) -> None:
         if self.items:
@@ -363,6 +364,23 @@ def _weights(value: str, path: str, problems: Problems) -> Any:
     return _INVALID
 
 
+#: `optimize`: fast defaults that run on any CPU of the target, or prepacked for this one.
+PORTABLE, HOST = "portable", "host"
+OPTIMIZE = (PORTABLE, HOST)
+
+
+def applied_optimize(own: Any, table: Any) -> str:
+    """A model's `optimize`: its own, else the table's (either as written, valid or not)."""
+    return own if own in OPTIMIZE else table if table in OPTIMIZE else PORTABLE
+
+
+def _optimize(value: str, path: str, problems: Problems) -> Any:
+    if value in OPTIMIZE:
+        return value
+    problems.add(path, f"must be one of {', '.join(OPTIMIZE)}, not {value!r}{did_you_mean(value, OPTIMIZE)}")
+    return _INVALID
+
+
 def _backend(value: str, path: str, problems: Problems) -> Any:
     from hatch_aoti.backends.interface import known
 
@@ -506,7 +524,8 @@ class ModelTable:
     )
     weights: str = key(
         "`aoti` on CPU: `mapped` keeps the weights in a file the loader maps, `embedded` in the library; "
-        "`auto`: mapped from 32 MiB of weights (see [Large models](performance.md#large-models))",
+        "`auto`: mapped from 32 MiB of weights, unless they are prepacked "
+        "(see [Large models](performance.md#large-models))",
         default="auto",
         check=_weights,
     )
@@ -520,6 +539,13 @@ class ModelTable:
         "`aoti`: compile a few candidate settings, verify and time each on the example inputs, and keep the "
         "fastest (see [Tuning](#tuning))",
         shown="the table's `tune`",
+    )
+    optimize: str | None = key(
+        "`aoti` on CPU: `portable` runs on any CPU of the `cpu-target`; `host` packs the weights into oneDNN's "
+        "layouts for this machine's CPU, for wheels that run where they are built (see [Optimizing for the build "
+        "machine](#optimizing-for-the-build-machine))",
+        shown="the table's `optimize`",
+        check=_optimize,
     )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
@@ -616,6 +642,11 @@ class Table:
         check=_backend,
     )
     tune: bool = key("default `tune` of the models (`aoti` models; see [Tuning](#tuning))", default=False)
+    optimize: str = key(
+        "default `optimize` of the models (see [Optimizing for the build machine](#optimizing-for-the-build-machine))",
+        default=PORTABLE,
+        check=_optimize,
+    )
     weights_dir: str = key(
         'where a build writes the files of `weights = "external"` models, relative to the directory that '
         "holds the wheel's (`dist-weights/` beside `dist/`, so that `twine upload dist/*` uploads only the wheel)",
@@ -661,6 +692,8 @@ class ModelSpec:
     """Compile candidate settings and keep the fastest that verifies (the model's own, or the table's)."""
     weights_bytes: int | None = None
     """Bytes of the exported program's weights, once it is exported (the size-based defaults use it)."""
+    optimize: str = PORTABLE
+    """``host``: weights prepacked for the build machine's CPU (the model's own, or the table's)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:
@@ -716,6 +749,7 @@ def parse_settings(
                 problems.add(
                     f"{table}.models.{name}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
                 )
+            _host_problems(name, model, parsed, table, problems)
     problems.raise_if_any()
     assert parsed is not None
     return Settings(
@@ -751,7 +785,31 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str, pa
         path=path,
         tune=(parsed.tune if model.tune is None else model.tune) and backend == "aoti",
         weights_url=model.weights_url,
+        optimize=applied_optimize(model.optimize, parsed.optimize),
     )
+
+
+def _host_problems(name: str, model: ModelTable, parsed: Table, table: str, problems: Problems) -> None:
+    """`optimize = "host"` prepacks CPU `aoti` weights into tensors that only the library can hold."""
+    if applied_optimize(model.optimize, parsed.optimize) != HOST:
+        return
+    path = f"{table}.models.{name}"
+    own = f"{path}.optimize" if model.optimize else None
+    portable = '; or set `optimize = "portable"` on this model'
+    backend = model.backend or parsed.backend
+    if backend != "aoti":
+        where = own or (f"{path}.backend" if model.backend else f"{table}.optimize")
+        hint = portable if where.endswith(".backend") else ""
+        problems.add(where, f'`optimize = "host"` is for `aoti` models, not the {backend!r} backend{hint}')
+    elif model.device != "cpu":
+        hint = "" if own else portable
+        problems.add(own or f"{path}.device", f'`optimize = "host"` is for CPU models, not {model.device}{hint}')
+    elif model.weights in ("mapped", "external"):
+        problems.add(
+            f"{path}.weights",
+            f'`{model.weights}` cannot hold weights packed by `optimize = "host"` (oneDNN\'s packed tensors '
+            f"live only in the library): use `auto` or `embedded`{'' if own else portable}",
+        )
 
 
 def _target_problems(
@@ -778,7 +836,16 @@ def _target_problems(
         own = valid(model.get("cpu-target"))
         if own:
             _check_target(own, f"{path}.cpu-target", machine, flags, problems)
-        targets[name] = target = own or table_target or default
+        host = applied_optimize(model.get("optimize"), raw.get("optimize")) == HOST
+        # A model's own `host` overrides the table's target; the table's own `host` does not.
+        native = host and (model.get("optimize") == HOST or not table_target)
+        targets[name] = target = own or (NATIVE if native else table_target or default)
+        if host and target != NATIVE:
+            problems.add(
+                f"{path}.cpu-target" if own else f"{table}.cpu-target",
+                f'{target!r} conflicts with `optimize = "host"`, which compiles for the build machine: '
+                'drop it or use `cpu-target = "native"`',
+            )
         configs = model.get("inductor-configs")
         if target != NATIVE and isinstance(configs, dict):
             for owned in sorted(set(OWNED_CONFIGS) & set(flat_config_names(configs))):

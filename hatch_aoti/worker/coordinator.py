@@ -110,13 +110,13 @@ class Coordinator:
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
             return []
-        spec = model.spec  # with the rules export found
-        backend = backends.get(spec.backend)
-        cpu = resolve(spec.cpu_target)
-        size = weights_size(exported)
-        weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        spec = model.spec = dataclasses.replace(spec, weights=weights, weights_bytes=size)
+        backend = backends.get(model.spec.backend)
+        cpu = resolve(model.spec.cpu_target)
+        spec = model.spec = self.with_weights(model.spec, weights_size(exported), model.user_configs, backend, cpu)
         settings = backend.settings(model.user_configs, cpu, spec)
+        if spec.weights in ("mapped", "external") and packs_weights(settings):
+            self.fail(spec.name, "check", f"{spec.path}.inductor-configs: {packed_weights_cannot_map(spec.weights)}")
+            return []
         if not spec.tune:
             miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
             return [miss] if miss else []
@@ -130,6 +130,16 @@ class Coordinator:
             misses += [miss] if miss else []
         self.finish_tuning(spec.name)  # every candidate was cached, or failed already
         return misses
+
+    @staticmethod
+    def with_weights(spec: ModelSpec, size: int, user_configs: dict[str, Any], backend: Any, cpu: Any) -> ModelSpec:
+        """``weights = "auto"`` resolved: embedded where the settings prepack them, else by size."""
+        weights = spec.weights
+        if weights == "auto":
+            embedded = dataclasses.replace(spec, weights="embedded", weights_bytes=size)
+            packed = packs_weights(backend.settings(user_configs, cpu, embedded))
+            weights = "embedded" if packed else auto_weights(spec, size)
+        return dataclasses.replace(spec, weights=weights, weights_bytes=size)
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -224,14 +234,17 @@ class Coordinator:
     # -- compile, verify, store -----------------------------------------------------------
 
     def compile(self, misses: list[Miss]) -> None:
-        """One share here, the others in compile helpers; models whose backend needs the eager module stay here."""
+        """One share here, the others in compile helpers (see ``processes``)."""
         by_name = {m.label: m for m in misses}
-        here, *away = shares([m.label for m in misses if m.backend.in_helpers], self.job.jobs)
-        here += [m.label for m in misses if not m.backend.in_helpers]
+        here, *away = processes(misses, self.job.jobs)
         tasks: list[list[Task]] = []
         for group in away:
             saved = [t for t in (self.task_for(by_name[name]) for name in group) if t is not None]
-            here += [name for name in group if name not in {t.model for t in saved}]
+            for name in [name for name in group if name not in {t.model for t in saved}]:
+                if mixes_packing([by_name[n] for n in here] + [by_name[name]]):
+                    self.fail_or_drop(by_name[name], "compile", CANNOT_SHARE)
+                else:
+                    here.append(name)
             if saved:
                 tasks.append(saved)
         if tasks:
@@ -578,6 +591,55 @@ AUTO_MAPPED_FROM = 32 * 2**20
 
 def auto_weights(spec: ModelSpec, size: int) -> str:
     return "mapped" if spec.device == "cpu" and size >= AUTO_MAPPED_FROM else "embedded"
+
+
+def packed_weights_cannot_map(weights: str) -> str:
+    return (
+        f"`cpp.weight_prepack` packs the weights into oneDNN tensors that only the library can hold, not "
+        f'`weights = "{weights}"`: use `weights = "embedded"` (or `auto`), or leave `cpp.weight_prepack` unset'
+    )
+
+
+def processes(misses: list[Miss], jobs: int) -> list[list[str]]:
+    """The labels each process compiles, the coordinator's first, at most ``jobs`` processes in all.
+
+    Models whose backend needs the eager module stay in the coordinator. Models that prepack
+    weights and models that freeze without it never share a process (see ``packs_weights``), so
+    a build with both kinds splits ``jobs`` between them, and takes two processes even at one job.
+    """
+    helped = [m for m in misses if m.backend.in_helpers]
+    packing = [m.label for m in helped if packs_weights(m.entry["inductor_configs"])]
+    plain = [m.label for m in helped if m.label not in packing]
+    if packing and plain:
+        for_packing = min(max(1, round(jobs * len(packing) / len(helped))), max(1, jobs - 1))
+        groups = shares(plain, max(1, jobs - for_packing)) + shares(packing, for_packing)
+    else:
+        groups = shares(packing or plain, jobs)
+    groups[0] += [m.label for m in misses if not m.backend.in_helpers]
+    return groups
+
+
+def mixes_packing(misses: list[Miss]) -> bool:
+    """Whether these would freeze both with and without weight prepacking."""
+    configs = [m.entry["inductor_configs"] for m in misses]
+    return len({packs_weights(c) for c in configs if c.get("freezing")}) > 1
+
+
+CANNOT_SHARE = (
+    "its exported program could not be saved for a compile process of its own, and it cannot be compiled "
+    "beside this build's other models: one prepacks weights and the other does not, which Inductor decides "
+    "once per process; build it on its own, or give the models the same `optimize`"
+)
+
+
+def packs_weights(configs: dict[str, Any]) -> bool:
+    """Whether a compile prepacks weights for oneDNN.
+
+    Inductor registers its weight-packing passes once per process, at the first freezing
+    compile, as that compile's settings say; so models that pack and models that do not
+    never share a process (models of one kind do).
+    """
+    return bool(configs.get("freezing")) and bool(configs.get("cpp.weight_prepack", True))
 
 
 def weights_size(exported: Any) -> int:

@@ -1,0 +1,206 @@
+"""`optimize = "host"`: weights prepacked for the build machine, and kept apart from portable models."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import TABLES, Runtime, build_no_isolation, write_project
+
+from hatch_aoti.pipeline import protocol
+from hatch_aoti.settings.config import ConfigError, ModelSpec, parse_settings
+from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, packs_weights, processes
+from hatch_aoti.worker.helpers import Outcome
+
+HATCH = TABLES["hatch"]
+MODEL = {"factory": "m:f", "inputs": [{"shape": [1, 3, 8, 8]}]}
+
+
+def specs(raw: dict) -> dict:
+    return {s.name: s for s in parse_settings(raw, machine="x86_64", flags=set()).models}
+
+
+def problems(raw: dict) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as err:
+        parse_settings(raw, machine="x86_64", flags=set())
+    return err.value.problems
+
+
+def test_host_is_read_per_model_and_for_the_table_and_compiles_for_this_machine() -> None:
+    found = specs({"optimize": "host", "models": {"a": MODEL, "b": {**MODEL, "optimize": "portable"}}})
+    assert (found["a"].optimize, found["a"].cpu_target) == ("host", "native")
+    assert (found["b"].optimize, found["b"].cpu_target) == ("portable", "x86-64-v3")
+    assert specs({"models": {"a": MODEL}})["a"].optimize == "portable"
+
+
+HOST_MODEL = {**MODEL, "optimize": "host"}
+URL = "https://h/{file}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "where", "text"),
+    [
+        ({"models": {"a": {**MODEL, "optimize": "fast"}}}, "models.a.optimize", "must be one of portable, host"),
+        ({"optimize": "hots", "models": {"a": MODEL}}, "optimize", "did you mean `host`"),
+        ({"models": {"a": {**HOST_MODEL, "weights": "mapped"}}}, "models.a.weights", "use `auto` or `embedded`"),
+        (
+            {"optimize": "host", "models": {"a": {**MODEL, "weights": "external", "weights-url": URL}}},
+            "models.a.weights",
+            'cannot hold weights packed by `optimize = "host"`',
+        ),
+        ({"models": {"a": {**HOST_MODEL, "device": "cuda"}}}, "models.a.optimize", "is for CPU models, not cuda"),
+        ({"optimize": "host", "models": {"a": {**MODEL, "device": "cuda"}}}, "models.a.device", '"portable"` on this'),
+        ({"optimize": "host", "models": {"a": {**MODEL, "backend": "precompile"}}}, "models.a.backend", "'precompile'"),
+        ({"models": {"a": {**HOST_MODEL, "cpu-target": "x86-64-v3"}}}, "models.a.cpu-target", "conflicts"),
+        # a problem of the table's own keys is listed once, however many models it reaches
+        ({"optimize": "host", "cpu-target": "x86-64-v3", "models": {"a": MODEL, "b": MODEL}}, "cpu-target", "native"),
+        ({"optimize": "host", "backend": "precompile", "models": {"a": MODEL, "b": MODEL}}, "optimize", "`aoti`"),
+    ],
+)
+def test_host_problems_name_the_key(raw: dict, where: str, text: str) -> None:
+    ((path, message),) = problems(raw)
+    assert path == f"{HATCH}.{where}" and text in message, (path, message)
+
+
+def test_a_models_own_host_overrides_the_tables_target() -> None:
+    found = specs({"cpu-target": "x86-64-v3", "models": {"a": HOST_MODEL, "b": MODEL}})
+    assert (found["a"].cpu_target, found["b"].cpu_target) == ("native", "x86-64-v3")
+
+
+def test_host_weights_stay_in_the_library_and_are_packed() -> None:
+    from hatch_aoti.backends.aoti import AotiBackend
+    from hatch_aoti.settings.cpu_targets import resolve
+
+    host, portable = specs({"models": {"h": {**MODEL, "optimize": "host"}, "p": MODEL}}).values()
+    backend, big = AotiBackend(), 2**30
+    assert Coordinator.with_weights(host, big, {}, backend, resolve("native")).weights == "embedded"
+    assert Coordinator.with_weights(portable, big, {}, backend, resolve("x86-64-v3")).weights == "mapped"
+    user_packed = Coordinator.with_weights(portable, 2**26, {"cpp.weight_prepack": True}, backend, resolve("x86-64-v3"))
+    assert user_packed.weights == "embedded", "weights the user's settings pack are not mapped either"
+    assert packs_weights(backend.settings({}, resolve("native"), host))
+    assert not packs_weights(backend.settings({}, resolve("x86-64-v3"), portable))
+    # packing needs freezing; Inductor packs by default whenever it freezes
+    assert packs_weights({"freezing": True}) and not packs_weights({"cpp.weight_prepack": True})
+    assert ModelSpec.from_json(json.loads(json.dumps(dataclasses.asdict(host)))) == host
+
+
+def miss(label: str, packs: bool | None, in_helpers: bool = True) -> Miss:
+    """A miss with only what routing reads: ``packs`` None for a model that does not freeze."""
+    configs = {} if packs is None else {"freezing": True, "cpp.weight_prepack": packs}
+    backend = SimpleNamespace(in_helpers=in_helpers)
+    return Miss(None, None, "", {"inductor_configs": configs}, backend, label)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("models", "jobs", "expected"),
+    [
+        ("pp", 2, [["p0"], ["p1"]]),
+        ("HH", 2, [["H0"], ["H1"]]),  # the coordinator takes a packing share when there is nothing else
+        ("pH", 1, [["p0"], ["H1"]]),  # two kinds: two processes, even at one job
+        ("ppH", 2, [["p0", "p1"], ["H2"]]),
+        ("pppHHH", 4, [["p0", "p2"], ["p1"], ["H3", "H5"], ["H4"]]),
+        ("pnH", 1, [["p0", "n1"], ["H2"]]),  # a model that does not freeze goes anywhere
+    ],
+)
+def test_models_that_pack_and_models_that_do_not_never_share_a_process(
+    models: str, jobs: int, expected: list[list[str]]
+) -> None:
+    kinds = {"p": False, "H": True, "n": None}
+    misses = [miss(f"{kind}{i}", kinds[kind]) for i, kind in enumerate(models)]
+    assert processes(misses, jobs) == expected
+    by_label = {m.label: m for m in misses}
+    for group in expected:
+        assert not mixes_packing([by_label[label] for label in group])
+    assert mixes_packing([miss("a", True), miss("b", False)]) and not mixes_packing([miss("a", True), miss("b", None)])
+
+
+def test_a_packing_model_that_cannot_have_a_process_of_its_own_fails_clearly(tmp_path: Path) -> None:
+    events: list[protocol.Event] = []
+    self = object.__new__(Coordinator)
+    self.emit, self.failed, self.stage = events.append, {}, tmp_path
+    self.job = SimpleNamespace(jobs=1, sys_path=[], cwd=str(tmp_path), cache=None)
+    self.task_for = lambda m: None  # type: ignore[method-assign]  # no program can be saved
+    compiled = []
+    self.compile_here = lambda m: compiled.append(m.label) or Outcome(m.label, error="not compiled here")  # type: ignore[method-assign]
+    self.finish = lambda m, outcome: None  # type: ignore[method-assign]
+    plain, packing = miss("plain", False), miss("packing", True)
+    plain.model = packing.model = SimpleNamespace(spec=SimpleNamespace(name="x"))  # type: ignore[assignment]
+    packing.model = SimpleNamespace(spec=SimpleNamespace(name="packing"))  # type: ignore[assignment]
+    self.compile([plain, packing])
+    assert compiled == ["plain"] and self.failed == {"packing": "compile"}
+    (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
+    assert failed.message == CANNOT_SHARE
+
+
+# -- a real build: a packed model and a portable one, in one process's share ------------------------
+
+MODELS = """
+    import torch
+    from torch import nn
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 16, 3), nn.Flatten(), nn.Linear(16 * 14 * 14, 2800),  # 35 MB: mapped if portable
+        ).eval()
+"""
+HOOK = """
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.host]
+    factory = "hostpkg.models:net"
+    inputs = [{ shape = [2, 3, 16, 16] }]
+    optimize = "host"
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.portable]
+    factory = "hostpkg.models:net"
+    inputs = [{ shape = [2, 3, 16, 16] }]
+"""
+PACKED_CONV = b"aoti_torch_cpu_mkldnn__convolution_pointwise"
+
+
+@pytest.mark.integration
+def test_a_host_model_is_packed_and_a_portable_one_beside_it_is_not(
+    tmp_path_factory: pytest.TempPathFactory, runtime: Runtime, tmp_path: Path
+) -> None:
+    import torch
+
+    project = write_project(tmp_path_factory.mktemp("host") / "proj", "hostpkg", HOOK, {"models.py": MODELS})
+    # One job: without a process of their own, the first model's packing would decide the second's.
+    build_no_isolation(project, project / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "1"})
+    (wheel,) = (project / "dist").glob("*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+        manifest = json.loads(zf.read("hostpkg/_aoti/manifest.json"))["models"]
+    libraries = {name: next((site / "hostpkg" / "_aoti" / name).rglob("*.so")).read_bytes() for name in manifest}
+    assert PACKED_CONV in libraries["host"] and PACKED_CONV not in libraries["portable"]
+    assert manifest["host"]["cpu"]["target"] == "native" and manifest["portable"]["cpu"]["target"] == "x86-64-v3"
+    assert "weights" not in manifest["host"] and "weights" in manifest["portable"], "packed weights stay in the library"
+    assert manifest["host"]["inductor_configs"]["cpp.weight_prepack"] is True
+    sys.path.insert(0, str(project))
+    try:
+        from hostpkg.models import net
+    finally:
+        sys.path.remove(str(project))
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    runtime.run(
+        f"""
+        import sys; sys.path.insert(0, {str(site)!r})
+        import torch
+        from hostpkg import compiled
+        x = torch.load({str(tmp_path / "x.pt")!r})
+        torch.save({{n: compiled.load(n)(x) for n in ("host", "portable")}}, {str(tmp_path / "y.pt")!r})
+        """
+    )
+    with torch.no_grad():
+        expected = net()(x)
+    for name, y in torch.load(tmp_path / "y.pt").items():
+        assert type(y) is torch.Tensor, name
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-5, msg=name)
