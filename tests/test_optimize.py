@@ -105,7 +105,8 @@ def miss(label: str, packs: bool | None, in_helpers: bool = True) -> Miss:
         ("pH", 1, [["p0"], ["H1"]]),  # two kinds: two processes, even at one job
         ("ppH", 2, [["p0", "p1"], ["H2"]]),
         ("pppHHH", 4, [["p0", "p2"], ["p1"], ["H3", "H5"], ["H4"]]),
-        ("pnH", 1, [["p0", "n1"], ["H2"]]),  # a model that does not freeze goes anywhere
+        ("pnH", 1, [["p0", "n1"], ["H2"]]),  # a model that does not freeze goes with either kind
+        ("HnHn", 2, [["H0", "H2"], ["n1", "n3"]]),  # and with packing models alone, shares the jobs
     ],
 )
 def test_models_that_pack_and_models_that_do_not_never_share_a_process(

@@ -609,12 +609,13 @@ def processes(misses: list[Miss], jobs: int) -> list[list[str]]:
     """
     helped = [m for m in misses if m.backend.in_helpers]
     packing = [m.label for m in helped if packs_weights(m.entry["inductor_configs"])]
-    plain = [m.label for m in helped if m.label not in packing]
-    if packing and plain:
+    plain = [m.label for m in helped if m.entry["inductor_configs"].get("freezing") and m.label not in packing]
+    if packing and plain:  # models that do not freeze go with either kind: here, the plain one
+        rest = [m.label for m in helped if m.label not in packing]
         for_packing = min(max(1, round(jobs * len(packing) / len(helped))), max(1, jobs - 1))
-        groups = shares(plain, max(1, jobs - for_packing)) + shares(packing, for_packing)
+        groups = shares(rest, max(1, jobs - for_packing)) + shares(packing, for_packing)
     else:
-        groups = shares(packing or plain, jobs)
+        groups = shares([m.label for m in helped], jobs)
     groups[0] += [m.label for m in misses if not m.backend.in_helpers]
     return groups
 
