@@ -205,3 +205,22 @@ def test_a_host_model_is_packed_and_a_portable_one_beside_it_is_not(
     for name, y in torch.load(tmp_path / "y.pt").items():
         assert type(y) is torch.Tensor, name
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_weights_the_users_settings_pack_cannot_be_mapped(tmp_path: Path) -> None:
+    import torch
+
+    from hatch_aoti.worker.checks import Prepared
+
+    events: list[protocol.Event] = []
+    self = object.__new__(Coordinator)
+    self.emit, self.failed, self.tunings = events.append, {}, {}
+    module = torch.nn.Linear(4, 4).eval()
+    exported = torch.export.export(module, (torch.ones(1, 4),))
+    self.export = lambda model: exported  # type: ignore[method-assign]
+    (spec,) = specs({"models": {"m": {**MODEL, "weights": "mapped"}}}).values()
+    model = Prepared(spec, module, None, {"cpp.weight_prepack": True})
+    assert self.export_and_look_up(model) == [] and self.failed == {"m": "check"}
+    (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
+    assert failed.message.startswith(f"{HATCH}.models.m.inductor-configs: `cpp.weight_prepack` packs the weights")
+    assert '`weights = "mapped"`' in failed.message
