@@ -61,16 +61,17 @@ def llama():
     finally:
         torch.set_default_dtype(default)
 """
-PYPROJECT = """
+HEADER = """
 [build-system]
 requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
 build-backend = "hatchling.build"
 
 [project]
-name = "llmpkg"
+name = "{name}"
 version = "1.0"
 dependencies = ["torch==2.13.*"]
-
+"""
+PYPROJECT = """
 [tool.hatch.build.targets.wheel.hooks.aoti.models.llama]
 factory = "llmpkg.models:llama"
 inputs = [{{ shape = [1, 32], dtype = "int64", high = 32000 }}]
@@ -79,15 +80,6 @@ weights-url = "{url}"
 """
 #: The same build of a model with next to no weights: what torch and the compile stack cost alone.
 FIXED = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "fixedpkg"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-
 [tool.hatch.build.targets.wheel.hooks.aoti.models.tiny]
 factory = "fixedpkg.models:tiny"
 inputs = [{ shape = [1, 8], dtype = "bfloat16" }]
@@ -148,14 +140,21 @@ def plain_read(url: str, out: Path) -> float:
     return seconds
 
 
+def build(
+    project: Path, package: str, table: str, models: str, out: Path, env: dict[str, str]
+) -> tuple[float, int, int, str]:
+    """Write a project of one package and build its wheel into ``out``: ``sampled``'s figures."""
+    (project / package).mkdir(parents=True)
+    (project / "pyproject.toml").write_text(HEADER.format(name=package) + table)
+    (project / package / "__init__.py").write_text("")
+    (project / package / "models.py").write_text(textwrap.dedent(models))
+    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)]
+    return sampled(cmd, env, project)
+
+
 def fixed_cost(project: Path, env: dict[str, str]) -> int:
     """Peak RSS, over all processes, of the same build of a model without weights to speak of."""
-    (project / "fixedpkg").mkdir(parents=True)
-    (project / "pyproject.toml").write_text(FIXED)
-    (project / "fixedpkg" / "__init__.py").write_text("")
-    (project / "fixedpkg" / "models.py").write_text(FIXED_MODELS)
-    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(project / "dist"), str(project)]
-    return sampled(cmd, env, project)[1]
+    return build(project, "fixedpkg", FIXED, FIXED_MODELS, project / "dist", env)[1]
 
 
 def load(site: Path, out: Path, cache: Path) -> dict[str, Any]:
@@ -183,13 +182,10 @@ def main() -> None:
         served.mkdir()
         httpd, port = serve(served)
         project = work / "project"
-        (project / "llmpkg").mkdir(parents=True)
-        (project / "pyproject.toml").write_text(PYPROJECT.format(url=f"http://127.0.0.1:{port}/{{file}}"))
-        (project / "llmpkg" / "__init__.py").write_text("")
-        (project / "llmpkg" / "models.py").write_text(textwrap.dedent(MODELS.replace("{layers}", str(args.layers))))
+        table = PYPROJECT.format(url=f"http://127.0.0.1:{port}/{{file}}")
+        models = MODELS.replace("{layers}", str(args.layers))
         env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1", "TMPDIR": str(work)}
-        cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)]
-        seconds, peak, largest, output = sampled(cmd, env, project)
+        seconds, peak, largest, output = build(project, "llmpkg", table, models, work / "dist", env)
         (weights,) = (work / "dist-weights").iterdir()  # beside the wheel's dist/
         size = weights.stat().st_size
         (wheel,) = (work / "dist").glob("*.whl")
