@@ -44,6 +44,7 @@ dependencies = ["torch==2.13.*"]
 factory = "bigpkg.models:build"
 inputs = [{{ shape = ["batch", {n}] }}]
 dynamic = {{ batch = {{ min = 1, max = 8 }} }}
+{extra}
 """
 LOAD = """
 import sys, time
@@ -231,7 +232,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument(
+        "--freezing", choices=["default", "on", "off"], default="default", help="the model's `freezing` setting"
+    )
     args = parser.parse_args()
+    extra = (
+        ""
+        if args.freezing == "default"
+        else f"inductor-configs = {{ freezing = {str(args.freezing == 'on').lower()} }}"
+    )
     gb = 2**30
     weights = 4 * (args.n * args.n + args.n) * 4
     with tempfile.TemporaryDirectory(dir=os.environ.get("BIG_TMP")) as tmp:
@@ -240,7 +249,7 @@ def main() -> None:
         (project / "bigpkg").mkdir(parents=True)
         (project / "bigpkg" / "__init__.py").write_text("")
         (project / "bigpkg" / "models.py").write_text(MODELS.format(n=args.n))
-        (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT.format(n=args.n)))
+        (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT.format(n=args.n, extra=extra)))
         env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind")}
         cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)]
         wall, peak_total, peak_one, output = sampled(cmd, env, project)

@@ -43,6 +43,17 @@ def preload_export() -> None:
         importlib.import_module("torch.export._trace")
 
 
+def release_trace() -> None:
+    """Drop the graph nodes of the last trace, which ``proxy_tensor`` keeps for the next export
+    (``_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT``): after a compile that froze, they keep the graph
+    module, and with it every folded weight, alive until the process ends. Without it, nothing is kept."""
+    from torch.fx.experimental import proxy_tensor
+
+    kept = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
+    if isinstance(kept, dict):
+        kept.clear()
+
+
 def use_header_store() -> None:
     """Keep Inductor's precompiled headers (``codecache._HEADER_DIR``) in one directory per torch
     install, removing those of installs that no longer exist: they are large and keyed by the

@@ -15,6 +15,7 @@ checked against the eager models then.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import itertools
 import json
@@ -517,8 +518,8 @@ class _CompiledModel:
         self._pytree = pytree
         self._tensor = torch.Tensor
         self._strided = torch.strided
-        self._in_spec = pytree.treespec_loads(in_spec)
-        self._out_spec = pytree.treespec_loads(out_spec)
+        self._in_spec = _treespec(pytree, name, in_spec)
+        self._out_spec = _treespec(pytree, name, out_spec)
         args_spec, kwargs_spec = _children(self._in_spec)
         self._n_args = args_spec.num_children
         self._kwarg_names = tuple(kwargs_spec.context)
@@ -1046,7 +1047,7 @@ class _Precompiled:
         leaves = entry["call"]
         self.tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self.mutated = [p for p, i in enumerate(self.tensor_index) if leaves[i].get("mutated")]
-        self.in_spec = torch.utils._pytree.treespec_loads(entry["call_spec"][0])
+        self.in_spec = _treespec(torch.utils._pytree, name, entry["call_spec"][0])
         self.kwarg_names = tuple(_children(self.in_spec)[1].context)
         self._load(0)
 
@@ -1189,6 +1190,32 @@ def _rule(dim: dict[str, Any]) -> str:
     text = f"{dim['mult']}*{dim['root']}" if dim.get("mult", 1) != 1 else dim["root"]
     offset = dim.get("offset", 0)
     return f"{text} + {offset}" if offset > 0 else f"{text} - {-offset}" if offset < 0 else text
+
+
+def _treespec(pytree: Any, name: str, text: str) -> Any:
+    """A call spec. Containers from other libraries (transformers' ``ModelOutput`` classes) are known
+    to torch only once their module is imported, as the model's own code did; so import it first."""
+    try:
+        return pytree.treespec_loads(text)
+    except NotImplementedError:  # a container type that is not registered yet
+        pass
+    for module in sorted(_spec_modules(json.loads(text)[1])):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise RuntimeError(
+                f"compiled model {name!r} takes or returns containers defined in {module!r}, which cannot be "
+                f"imported here ({exc}); install the package that provides it"
+            ) from None
+    return pytree.treespec_loads(text)
+
+
+def _spec_modules(node: dict[str, Any]) -> set[str]:
+    """The modules of a serialized spec's container types, but the standard ones."""
+    found = {node["type"].rpartition(".")[0]} if node.get("type") else set()
+    for child in node.get("children_spec") or []:
+        found |= _spec_modules(child)
+    return found - {"builtins", "collections"}
 
 
 def _children(spec: Any) -> list[Any]:

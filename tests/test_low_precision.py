@@ -1,4 +1,4 @@
-"""bfloat16 and float16 outputs are checked against a float64 run of the model, without compiling."""
+"""bfloat16 and float16 outputs, and float32 ones outside the tolerances, are checked against a float64 run."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def test_a_compiled_output_as_close_as_eager_passes_and_a_further_one_fails() ->
     assert needs_reference(eager, None, None)
     wide = reference(model, (x,), {})
     assert isinstance(wide, torch.Tensor)
-    assert not compare("c", eager, eager.clone(), None, None, reference=wide).problems
+    assert not compare("c", eager, eager.clone(), None, None, reference=lambda: wide).problems
     worse = (eager.double() + 0.05 * eager.double().std() * torch.randn(eager.shape)).to(torch.bfloat16)
-    (problem,) = compare("c", eager, worse, None, None, reference=wide).problems
+    (problem,) = compare("c", eager, worse, None, None, reference=lambda: wide).problems
     assert problem.startswith("output: further from a float64 run than eager is (RMS error ")
     # tolerances given: eager alone is the measure, as for any dtype
     assert not needs_reference(eager, 1e-2, 1e-2)
@@ -75,6 +75,34 @@ def test_an_infinite_eager_value_does_not_let_a_wrong_output_pass() -> None:
         eager = model(x)
     wide = reference(model, (x,), {})
     eager[0, 0] = float("inf")
-    assert not compare("c", eager, eager.clone(), None, None, reference=wide).problems
-    (problem,) = compare("c", eager, eager * 2, None, None, reference=wide).problems
+    assert not compare("c", eager, eager.clone(), None, None, reference=lambda: wide).problems
+    (problem,) = compare("c", eager, eager * 2, None, None, reference=lambda: wide).problems
     assert "further from a float64 run than eager is" in problem
+
+
+def noisy(exact: torch.Tensor, std: float, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (exact + std * torch.randn(exact.shape, generator=generator, dtype=torch.float64)).float()
+
+
+def test_a_float32_output_outside_the_tolerances_is_judged_by_a_float64_run() -> None:
+    # as a deep network's: errors of the output's overall size, so elements near zero fail any rtol
+    exact = 50 * torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    eager, close, wrong = noisy(exact, 4e-5, 1), noisy(exact, 6e-5, 2), noisy(exact, 5e-3, 3)
+    calls: list[int] = []
+
+    def run() -> torch.Tensor:
+        calls.append(1)
+        return exact
+
+    assert not torch.allclose(close, eager, rtol=1e-4, atol=1e-5)
+    found = compare("c", {"y": eager}, {"y": close}, None, None, reference=run)
+    assert not found.problems and found.float64_checked
+    (problem,) = compare("c", {"y": eager}, {"y": wrong}, None, None, reference=run).problems
+    assert problem.startswith("output['y']: values differ beyond rtol=0.0001, atol=1e-05 (max abs err ")
+    assert ", and it is further from a float64 run than eager is (RMS error " in problem
+    assert "1e-05x the output's RMS" in problem
+    # within the tolerances, no float64 run is made; with tolerances given, none is consulted
+    calls.clear()
+    assert not compare("c", eager, eager.clone(), None, None, reference=run).problems and not calls
+    assert compare("c", eager, close, 1e-4, 1e-5, reference=run).problems and not calls

@@ -52,6 +52,12 @@ with tempfile.TemporaryDirectory() as tmp:
     restored = restored and cpp_builder.CppBuilder.get_command_line is command_of
     mapped = any(f.startswith("ffile-prefix-map=") and f.endswith("=torch") for f in cflags)
     found["portable_paths"] = wrapped and restored and mapped
+from torch.fx.experimental import proxy_tensor
+torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+kept = proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT
+filled = bool(kept)
+private.release_trace()
+found["release_trace"] = filled and not proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT
 print(json.dumps(found))
 """
 
@@ -65,7 +71,14 @@ def probe(python: str) -> dict[str, object]:
 
 
 def expected(version: str) -> dict[str, object]:
-    touches = ("inductor_cache", "cpp_compiler", "preload_export", "use_header_store", "portable_paths")
+    touches = (
+        "inductor_cache",
+        "cpp_compiler",
+        "preload_export",
+        "use_header_store",
+        "portable_paths",
+        "release_trace",
+    )
     return {"torch": version, **dict.fromkeys(touches, True)}
 
 

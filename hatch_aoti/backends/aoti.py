@@ -48,8 +48,8 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   build time; the wheel ships those constants instead of the state dict;
 #: - no weight prepacking: prepacked oneDNN layouts are picked for the build machine's ISA
 #:   (reordered on every call elsewhere) and cannot be mapped; the constants stay dense tensors.
-#: Freezing holds the folded constants beside the weights while the build compiles and verifies
-#: (about half the weights more at peak); from this size on it is left to the user.
+#: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
+#: the originals while the model compiles; from this size on it is left to the user.
 FREEZE_BELOW = 2**30
 FAST_DEFAULTS: dict[str, Any] = {
     "freezing": True,
@@ -112,5 +112,6 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
             torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
         return unpack_pt2(pt2, out_dir)
     finally:
+        _torch_private.release_trace()  # the folded weights, once the library holds its own
         pt2.unlink(missing_ok=True)
         shutil.rmtree(inductor, ignore_errors=True)

@@ -110,6 +110,9 @@ class Coordinator:
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
             return []
+        foreign = [m for m in container_modules(exported) if m.partition(".")[0] != "torch"]
+        if foreign:
+            self.emit(protocol.Info(f"{spec.name}: {FOREIGN_CONTAINERS.format(', '.join(foreign))}"))
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
         spec = model.spec = self.with_weights(model.spec, weights_size(exported), model.user_configs, backend, cpu)
@@ -269,7 +272,7 @@ class Coordinator:
             torch.export.save(miss.exported, program)
         except Exception:
             return None
-        modules = [miss.model.spec.factory.partition(":")[0]]
+        modules = [miss.model.spec.factory.partition(":")[0], *container_modules(miss.exported)]
         return Task(
             miss.label,
             miss.model.spec.backend,
@@ -538,6 +541,29 @@ def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+FOREIGN_CONTAINERS = (
+    "its inputs or outputs are containers defined in {}: the installed loader imports that module to "
+    "rebuild them, so the package that provides it is a run-time dependency"
+)
+
+
+def container_modules(exported: Any) -> list[str]:
+    """Modules that define the containers of a program's inputs and outputs (transformers'
+    ``ModelOutput`` classes, say): a helper's ``torch.export.load`` needs them registered first,
+    and a factory may import them only when it is called."""
+    found: list[str] = []
+    specs = [exported.call_spec.in_spec, exported.call_spec.out_spec]
+    while specs:
+        spec = specs.pop()
+        if spec is None:
+            continue
+        module = getattr(spec.type, "__module__", "builtins")
+        if module not in ("builtins", "collections", *found):
+            found.append(module)
+        specs.extend(spec.children() if hasattr(spec, "children") else spec.children_specs)
+    return found
+
+
 def shipped_files(directory: Path, entry: dict[str, Any]) -> dict[str, str]:
     """sha256 of each of a model's files, reusing the digests its backend already made."""
     from hatch_aoti.pipeline.artifacts import file_hashes
@@ -553,23 +579,51 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
     The mapped weights file would otherwise be a second copy of them in memory (the
     module's cannot be freed: Inductor keeps references to them). Each weight the module
     has too is first compared, byte for byte, with its place in the file, read in chunks
-    without mapping it, so the file that ships is checked all the same.
+    without mapping it, so the file that ships is checked all the same. Freezing renames
+    the weights it keeps as they are (a linear layer's, transposed: a view of the same
+    storage), so a constant is also matched to a module tensor holding its storage's bytes.
     """
     fqns = compiled.runner.get_constant_names_to_original_fqns()
     owners = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     constants = dict(compiled.weights)
     with (directory / weights["file"]).open("rb") as blob:
+        storages = _StorageOwners(owners.values(), blob)
         for constant, mapped in compiled.weights.items():
             fqn = fqns.get(constant, "")
             own = owners.get(fqn)
             if own is None or (own.shape, own.stride(), own.dtype) != (mapped.shape, mapped.stride(), mapped.dtype):
-                continue  # a weight Inductor made or laid out differently: verified from the file
-            if not own.is_contiguous():
-                continue  # a view with gaps (a transposed slice, say): verified from the file too
-            if not _same_bytes(own, blob, weights["tensors"][fqn]):
+                own = storages.view(mapped, weights["tensors"][fqn])  # one Inductor made or laid out anew
+            elif not own.is_contiguous():
+                own = None  # a view with gaps (a transposed slice, say): verified from the file
+            elif not _same_bytes(own, blob, weights["tensors"][fqn]):
                 raise RuntimeError(f"the shipped weights file holds other values for {fqn} than the model")
-            constants[constant] = own.detach()
+            if own is not None:
+                constants[constant] = own.detach()
     compiled.runner.update_constant_buffer(constants, False, True, True)
+
+
+class _StorageOwners:
+    """The module's tensors that each hold a whole storage, found by a constant's storage in the file."""
+
+    PREFIX = 64
+
+    def __init__(self, tensors: Any, blob: Any) -> None:
+        self.blob = blob
+        self.found: dict[tuple[Any, int, bytes], list[Any]] = {}
+        for tensor in tensors:
+            nbytes = tensor.untyped_storage().nbytes()
+            if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.storage_offset():
+                if tensor.nbytes == nbytes and nbytes:
+                    self.found.setdefault((tensor.dtype, nbytes, _head(tensor, self.PREFIX)), []).append(tensor)
+
+    def view(self, mapped: Any, place: dict[str, Any]) -> Any:
+        """A module tensor's storage viewed as ``mapped`` is, if its bytes are the file's; else None."""
+        self.blob.seek(place["offset"])
+        whole = {**place, "storage_offset": 0}
+        for own in self.found.get((mapped.dtype, place["nbytes"], self.blob.read(self.PREFIX)), []):
+            if _same_bytes(own, self.blob, whole):
+                return own.as_strided(mapped.shape, mapped.stride(), place["storage_offset"])
+        return None
 
 
 def _same_bytes(tensor: Any, blob: Any, place: dict[str, Any]) -> bool:
@@ -582,6 +636,12 @@ def _same_bytes(tensor: Any, blob: Any, place: dict[str, Any]) -> bool:
         if blob.read(min(chunk, len(view) - start)) != view[start : start + chunk]:
             return False
     return True
+
+
+def _head(tensor: Any, size: int) -> bytes:
+    import ctypes
+
+    return ctypes.string_at(tensor.data_ptr(), min(size, tensor.nbytes))
 
 
 #: ``weights = "auto"``: mapped from this size; below it, the library keeps them (one file,
@@ -674,7 +734,10 @@ def _summary(report: dict[str, Any] | None, errors: dict[str, float] | None) -> 
     if not report or report.get("passed") is None:
         return "not verified (verify = false)"
     text = f"verified against eager on {len(report.get('tried', []))} input set(s)"
-    return f"{text}, max abs err {errors['max_abs_err']:.2g}" if errors else text
+    if not errors:
+        return text
+    checked = " (float32 outputs checked against a float64 run)" if errors.get("float64_checked") else ""
+    return f"{text}, max abs err {errors['max_abs_err']:.2g}{checked}"
 
 
 def run(job: Job, parent: Parent) -> int:
