@@ -15,6 +15,8 @@ from conftest import TABLES, Runtime, build_no_isolation, write_project
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.store.cache import CompileCache
+from hatch_aoti.store.tiers import Tiers
 from hatch_aoti.worker import tuning
 from hatch_aoti.worker.coordinator import Coordinator, Miss
 
@@ -47,10 +49,12 @@ def test_tune_is_read_per_model_and_for_the_table() -> None:
 
 
 def coordinator(tmp_path: Path, names: list[str]) -> tuple[Coordinator, list[protocol.Event]]:
-    """A coordinator with only what keeping candidates needs: staged directories and its events."""
+    """A coordinator with only what keeping candidates needs: staged directories, a local cache and
+    its events."""
     events: list[protocol.Event] = []
     self = object.__new__(Coordinator)
-    self.emit, self.artifacts = events.append, tmp_path
+    self.emit, self.artifacts, self.stage = events.append, tmp_path, tmp_path.parent / "stage"
+    self.cache = Tiers(CompileCache(tmp_path.parent / "cache"), None, print, tmp_path.parent)
     self.entries, self.failed, self.prepared = {}, {}, []
     self.tunings = {"m": tuning.Tuning("m", names)}
     for name in names:
@@ -59,8 +63,8 @@ def coordinator(tmp_path: Path, names: list[str]) -> tuple[Coordinator, list[pro
     return self, events
 
 
-def candidate_miss(label: str) -> Miss:
-    return Miss(SimpleNamespace(spec=SimpleNamespace(name="m")), None, "", {}, None, label)  # type: ignore[arg-type]
+def candidate_miss(label: str, key: str = "") -> Miss:
+    return Miss(SimpleNamespace(spec=SimpleNamespace(name="m")), None, key, {}, None, label)  # type: ignore[arg-type]
 
 
 def test_the_fastest_verified_candidate_is_kept_and_a_failing_one_dropped(tmp_path: Path) -> None:
@@ -96,6 +100,48 @@ def test_a_model_whose_candidates_all_fail_fails(tmp_path: Path) -> None:
         "no candidate compiled and verified "
         "(defaults: verify: output[0]: mismatch; cpp-gemm: verify: output[0]: mismatch)"
     )
+
+
+def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tmp_path: Path) -> None:
+    stage = tmp_path / "staged"
+    stage.mkdir()
+    self, events = coordinator(stage, ["defaults", "cpp-gemm", "concat-linear"])
+    entry = {"verification": {"passed": True, "tried": []}}
+    self.tuned("m--defaults", entry, None, 0.003, cached="")
+    self.fail_or_drop(candidate_miss("m--cpp-gemm", "a" * 64), "compile", "the aoti backend failed: boom", lasting=True)
+    self.fail_or_drop(candidate_miss("m--concat-linear", "b" * 64), "compile", "the compile helper died")
+    local = self.cache.local
+    assert local is not None
+    found = local.lookup("a" * 64, tmp_path / "found")
+    assert found is not None and found["entry"] == {"tuning": {"dropped": "compile: the aoti backend failed: boom"}}
+    assert local.lookup("b" * 64, tmp_path / "found") is None, "a failure of the process is not remembered"
+    first = self.entries["m"]["tuning"]
+    # the rebuild: the remembered candidate is dropped again, from the cache, with the same record
+    again = tmp_path / "again"
+    again.mkdir()
+    self, events = coordinator(again, ["defaults", "cpp-gemm"])
+    self.tuned("m--defaults", entry, None, 0.003, cached="local")
+    self.cached_candidate(candidate_miss("m--cpp-gemm", "a" * 64), found, "local")
+    lines = [e.message for e in events if isinstance(e, protocol.Info)]
+    assert (
+        "m: candidate cpp-gemm dropped at compile: the aoti backend failed: boom (remembered from an earlier build)"
+        in lines
+    )
+    assert self.entries["m"]["tuning"]["candidates"] == first["candidates"][:2]
+    assert isinstance(events[-1], protocol.Cached), "every candidate came from the cache"
+
+
+def test_a_time_cached_by_another_machine_is_taken_again_here(tmp_path: Path) -> None:
+    self, events = coordinator(tmp_path, ["defaults", "cpp-gemm"])
+    entry = {"verification": {"passed": True, "tried": []}}
+    here = {"entry": {**entry, "tuning": {"seconds": 0.002, "machine": tuning.machine()}}, "errors": None}
+    there = {"entry": {**entry, "tuning": {"seconds": 0.001, "machine": "another CPU; 64 CPUs; 64 threads"}}}
+    self.cached_candidate(candidate_miss("m--defaults"), here, "local")
+    self.cached_candidate(candidate_miss("m--cpp-gemm"), there, "remote")
+    found = self.tunings["m"]
+    assert found.results["defaults"][2] == 0.002 and list(found.untimed) == ["cpp-gemm"], "to be timed, not compiled"
+    assert "m" not in self.entries, "not kept before it is timed here"
+    assert " 64 threads" not in tuning.machine() and "CPUs; " in tuning.machine()
 
 
 # -- a real tuned build ---------------------------------------------------------------------

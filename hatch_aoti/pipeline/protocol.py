@@ -126,6 +126,8 @@ class Failed:
     model: str
     stage: str
     message: str
+    lasting: bool = False
+    """The compile itself failed (not the process running it, nor the disk): it would fail again."""
 
 
 @dataclass(frozen=True)

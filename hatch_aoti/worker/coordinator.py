@@ -167,16 +167,13 @@ class Coordinator:
         if found is not None:
             record, tier = found
             entry = {k: v for k, v in record["entry"].items() if k != "tuning"}
-            seconds = record["entry"].get("tuning", {}).get("seconds")
-            if label != spec.name and seconds is not None:
-                self.tuned(label, entry, record.get("errors"), seconds, cached=tier)
+            if label != spec.name:
+                self.cached_candidate(Miss(model, exported, key, entry, backend, label), record, tier)
                 return None
-            if label == spec.name:
-                self.entries[spec.name] = entry
-                check = _summary(entry["verification"], record.get("errors"))
-                self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
-                return None
-            # a candidate's entry without its time: compiled, verified and timed again
+            self.entries[spec.name] = entry
+            check = _summary(entry["verification"], record.get("errors"))
+            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
+            return None
         try:
             call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
         except ValueError as exc:  # a size the loader cannot check (not a*dim + b)
@@ -308,7 +305,8 @@ class Coordinator:
         except Exception as exc:
             if out_of_space(exc):  # the library, and the weights twice (Inductor's package, then unpacked)
                 return Outcome(miss.name, error=str(NoSpace(self.stage, 2 * weights_size(miss.exported))))
-            return Outcome(miss.name, error=f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}")
+            failed = f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}"
+            return Outcome(miss.name, error=failed, lasting=True)
         return Outcome(miss.name, files=files, seconds=time.perf_counter() - start)
 
     @property
@@ -329,7 +327,7 @@ class Coordinator:
     def finish(self, miss: Miss, outcome: Outcome) -> None:
         """Verify a compiled model, and keep it (staged and cached) once it passes; time a candidate."""
         if outcome.error is not None:
-            self.fail_or_drop(miss, "compile", outcome.error)
+            self.fail_or_drop(miss, "compile", outcome.error, lasting=outcome.lasting)
             return
         entry = {**(outcome.files or {}), **miss.entry}
         entry["files"] = shipped_files(self.artifacts / miss.label, entry)
@@ -338,7 +336,7 @@ class Coordinator:
         try:
             entry["verification"], errors = self.verify(miss, entry)
         except ModelFailure as exc:
-            self.fail_or_drop(miss, "verify", str(exc))
+            self.fail_or_drop(miss, "verify", str(exc), lasting=True)
             return
         if miss.candidate:  # timed once every compile is done, stored with its time
             self.tunings[miss.name].untimed[miss.candidate] = (entry, errors, miss)
@@ -390,7 +388,7 @@ class Coordinator:
     def time_candidates(self) -> None:
         """Time every verified candidate not timed yet, once no compile runs beside the timings: in
         interleaved rounds, through the loader that ships, on the model's example inputs."""
-        from hatch_aoti.worker.tuning import ROUNDS, SEPARATOR, seconds_per_call
+        from hatch_aoti.worker.tuning import ROUNDS, SEPARATOR, machine, seconds_per_call
 
         for name, tuning in self.tunings.items():
             if not tuning.untimed or name in self.failed:
@@ -411,12 +409,32 @@ class Coordinator:
             for candidate, values in times.items():
                 entry, errors, miss = tuning.untimed.pop(candidate)
                 seconds = sorted(values)[len(values) // 2]
-                if not self.store(miss, {"entry": {**entry, "tuning": {"seconds": seconds}}, "errors": errors}):
+                timing = {"seconds": seconds, "machine": machine()}
+                if candidate not in tuning.cached and not self.store(
+                    miss, {"entry": {**entry, "tuning": timing}, "errors": errors}
+                ):
                     return
-                self.tuned(miss.label, entry, errors, seconds, cached="")
+                self.tuned(miss.label, entry, errors, seconds, cached=tuning.cached.get(candidate, ""), now=True)
 
-    def fail_or_drop(self, miss: Miss, stage: str, message: str) -> None:
-        """A model fails; a candidate is only dropped, with one line, and its staged files removed."""
+    def cached_candidate(self, miss: Miss, record: dict[str, Any], tier: str) -> None:
+        """A candidate from the cache: dropped, timed (on this machine), or timed again here, not compiled."""
+        from hatch_aoti.worker.tuning import machine
+
+        timing = record["entry"].get("tuning", {})
+        self.tunings[miss.name].cached[str(miss.candidate)] = tier
+        if "dropped" in timing:
+            self.fail_or_drop(miss, "cache", f"{timing['dropped']} (remembered from an earlier build)")
+        elif timing.get("seconds") is not None and timing.get("machine") == machine():
+            self.tuned(miss.label, miss.entry, record.get("errors"), timing["seconds"], cached=tier)
+        else:  # timed on another machine: its time says nothing of this one's
+            self.tunings[miss.name].untimed[str(miss.candidate)] = (miss.entry, record.get("errors"), miss)
+
+    def fail_or_drop(self, miss: Miss, stage: str, message: str, *, lasting: bool = False) -> None:
+        """A model fails; a candidate is only dropped, with one line, and its staged files removed.
+
+        A candidate that would fail again (its compile or its verification) is remembered in
+        the local cache, so a rebuild does not compile it again; another machine may, so the
+        remote tier is not told."""
         import shutil
 
         if not miss.candidate:
@@ -424,11 +442,28 @@ class Coordinator:
             return
         shutil.rmtree(self.artifacts / miss.label, ignore_errors=True)
         first = message.strip().splitlines()[0] if message.strip() else stage
-        self.emit(protocol.Info(f"{miss.name}: candidate {miss.candidate} dropped at {stage}: {first}"))
-        self.tunings[miss.name].dropped[miss.candidate] = f"{stage}: {first}"
+        why = first if stage == "cache" else f"{stage}: {first}"
+        if lasting:
+            self.remember_drop(miss, why)
+        self.emit(protocol.Info(f"{miss.name}: candidate {miss.candidate} dropped at {why}"))
+        self.tunings[miss.name].dropped[miss.candidate] = why.removesuffix(" (remembered from an earlier build)")
         self.finish_tuning(miss.name)
 
-    def tuned(self, label: str, entry: dict[str, Any], errors: Any, seconds: float, *, cached: str) -> None:
+    def remember_drop(self, miss: Miss, why: str) -> None:
+        import shutil
+
+        local = getattr(self.cache, "local", None)
+        if not miss.key or local is None:
+            return
+        empty = self.stage / "dropped" / miss.label
+        empty.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError, NoSpace):  # remembering is a saving, never a failure
+            local.store(miss.key, empty, {"entry": {"tuning": {"dropped": why}}, "errors": None})
+        shutil.rmtree(empty, ignore_errors=True)
+
+    def tuned(
+        self, label: str, entry: dict[str, Any], errors: Any, seconds: float, *, cached: str, now: bool = False
+    ) -> None:
         """One candidate verified and timed (now, or when it was cached: ``cached`` names the tier); the
         model is done once all of them are."""
         from hatch_aoti.worker.tuning import SEPARATOR
@@ -438,7 +473,7 @@ class Coordinator:
         tuning.results[candidate] = (entry, errors, seconds)
         if cached:
             tuning.cached[candidate] = cached
-        how = "from cache" if cached else "verified"
+        how = ("from cache, timed again here" if now else "from cache") if cached else "verified"
         self.emit(protocol.Info(f"{name}: candidate {candidate}: {seconds * 1e3:.2f} ms per call, {how}"))
         self.finish_tuning(name)
 
@@ -466,7 +501,7 @@ class Coordinator:
         self.emit(protocol.Info(f"{name}: tuned: kept {best} (times taken on this machine)"))
         check = _summary(entry["verification"], errors)
         elapsed = time.perf_counter() - tuning.start
-        if set(tuning.cached) == set(tuning.results) and not tuning.dropped:
+        if set(tuning.cached) == set(tuning.results) | set(tuning.dropped):
             tier = "remote" if "remote" in tuning.cached.values() else "local"
             self.emit(protocol.Cached(name, elapsed, check, tier))
         else:

@@ -31,6 +31,8 @@ class Outcome:
     files: dict[str, Any] | None = None
     seconds: float = 0.0
     error: str | None = None
+    lasting: bool = False
+    """The error would come again on the same inputs (see :class:`protocol.Failed`)."""
 
 
 def shares(names: list[str], jobs: int) -> list[list[str]]:
@@ -107,7 +109,7 @@ class Helpers:
                     yield Outcome(event.model, files=event.files, seconds=event.seconds)
                 elif isinstance(event, protocol.Failed):
                     pending[child.events].remove(event.model)
-                    yield Outcome(event.model, error=event.message)
+                    yield Outcome(event.model, error=event.message, lasting=event.lasting)
             why = f"the compile helpers' events could not be read ({self._error!r})"
             yield from (Outcome(model, error=why) for left in pending.values() for model in left)
         finally:
@@ -144,18 +146,20 @@ def run(job: HelperJob, parent: Parent) -> int:
                 backends.Request(task.model, exported, task.inductor_configs, Path(task.out), Path(job.work))
             )
         except Exception as exc:
-            parent.emit(protocol.Failed(task.model, "compile", _why(task, exc, Path(job.work))))
+            why, lasting = _why(task, exc, Path(job.work))
+            parent.emit(protocol.Failed(task.model, "compile", why, lasting))
             continue
         parent.emit(protocol.Compiled(task.model, time.perf_counter() - start, files))
     return 0
 
 
-def _why(task: Task, exc: Exception, work: Path) -> str:
+def _why(task: Task, exc: Exception, work: Path) -> tuple[str, bool]:
+    """The message, and whether the compile would fail again (a full disk would not)."""
     from hatch_aoti.store.cache import NoSpace, out_of_space
 
     if out_of_space(exc):  # the weights twice: Inductor's package, then unpacked
-        return str(NoSpace(work, 2 * Path(task.program).stat().st_size))
-    return f"the {task.backend} backend failed: {type(exc).__name__}: {exc}"
+        return str(NoSpace(work, 2 * Path(task.program).stat().st_size)), False
+    return f"the {task.backend} backend failed: {type(exc).__name__}: {exc}", True
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 A candidate is the model's own settings with a few of Inductor's changed; the model's
 ``inductor-configs`` still win over any candidate, so a candidate that changes nothing the user
 did not fix is dropped as a duplicate. Times are taken on the build machine, on the model's
-example inputs.
+example inputs; a time cached by another machine is taken again here (the candidate is not
+compiled again), and a candidate that failed is remembered in the local cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +46,7 @@ class Tuning:
     results: dict[str, tuple[dict[str, Any], Any, float]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
     cached: dict[str, str] = field(default_factory=dict)
-    """Candidates that came from the cache, and from which tier."""
+    """Candidates that came from the cache (timed, timed again, or dropped), and from which tier."""
     untimed: dict[str, tuple[dict[str, Any], Any, Any]] = field(default_factory=dict)
     """Candidates verified in this build, waiting to be timed: entry, errors and the miss that stores them."""
 
@@ -66,6 +68,22 @@ class Tuning:
             else:
                 rows.append({"candidate": name, "dropped": self.dropped.get(name, "")})
         return {"chosen": self.best(), "candidates": rows, "timed_on": "the build machine, the example inputs"}
+
+
+def machine() -> str:
+    """What a cached time was measured on: the CPU's model, the CPUs this process may use, and
+    torch's threads. A time from another machine is not compared with this one's."""
+    import os
+    import platform
+
+    import torch
+
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}; {cpus} CPUs; {torch.get_num_threads()} threads"
 
 
 def seconds_per_call(model: Any, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> float:
