@@ -1199,15 +1199,22 @@ def _treespec(pytree: Any, name: str, text: str) -> Any:
         return pytree.treespec_loads(text)
     except NotImplementedError:  # a container type that is not registered yet
         pass
-    for module in sorted(_spec_modules(json.loads(text)[1])):
+    modules = sorted(_spec_modules(json.loads(text)[1]))
+    for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except Exception as exc:
             raise RuntimeError(
                 f"compiled model {name!r} takes or returns containers defined in {module!r}, which cannot be "
                 f"imported here ({exc}); install the package that provides it"
             ) from None
-    return pytree.treespec_loads(text)
+    try:
+        return pytree.treespec_loads(text)
+    except NotImplementedError as exc:
+        raise RuntimeError(
+            f"compiled model {name!r} takes or returns a container type that torch does not know here, even "
+            f"after importing {modules or 'its modules'}: {exc}"
+        ) from None
 
 
 def _spec_modules(node: dict[str, Any]) -> set[str]:

@@ -100,8 +100,21 @@ def test_a_float32_output_outside_the_tolerances_is_judged_by_a_float64_run() ->
     assert not found.problems and found.float64_checked
     (problem,) = compare("c", {"y": eager}, {"y": wrong}, None, None, reference=run).problems
     assert problem.startswith("output['y']: values differ beyond rtol=0.0001, atol=1e-05 (max abs err ")
-    assert ", and it is further from a float64 run than eager is (RMS error " in problem
+    assert "; further from a float64 run than eager is (RMS error " in problem
     assert "1e-05x the output's RMS" in problem
+    # a few wrong elements barely move an RMS: the worst element is bounded too
+    spike = close.clone()
+    spike[7] += 0.02  # 4e-4 of the RMS: within the RMS bound, not within the largest error's
+    (problem,) = compare("c", eager, spike, None, None, reference=run).problems
+    assert "further from a float64 run than eager is (largest error " in problem
+    # NaN or Inf where eager has other values are not judged by the float64 run
+    for bad in (float("nan"), float("inf")):
+        broken = close.clone()
+        broken[3] = bad
+        assert compare("c", eager, broken, None, None, reference=run).problems
+    # a random model's eager result is far from its float64 run: the run cannot judge it
+    (problem,) = compare("c", eager, close, None, None, reference=lambda: noisy(exact, 1.0, 4).double()).problems
+    assert "; a float64 run cannot judge it: eager itself is " in problem
     # within the tolerances, no float64 run is made; with tolerances given, none is consulted
     calls.clear()
     assert not compare("c", eager, eager.clone(), None, None, reference=run).problems and not calls

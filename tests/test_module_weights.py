@@ -77,3 +77,13 @@ def test_a_weight_the_file_holds_otherwise_fails_verification(tmp_path: Path) ->
     compiled = SimpleNamespace(runner=Runner({"weight": "weight"}), weights={"weight": torch.empty(4, 8)})
     with pytest.raises(RuntimeError, match="other values for weight than the model"):
         use_module_weights(module, compiled, tmp_path, weights)
+
+
+def test_a_storage_smaller_than_the_compared_prefix_is_matched(tmp_path: Path) -> None:
+    module = nn.Linear(4, 3).eval()  # a 48-byte weight and a 12-byte bias
+    w = module.weight.detach()
+    weights = weights_file(tmp_path, {"w": w}, {"_frozen_param0": ("w", w.t())})
+    mapped = {"_frozen_param0": torch.empty_strided((4, 3), (1, 4))}
+    runner = Runner({"_frozen_param0": "_frozen_param0"})
+    use_module_weights(module, SimpleNamespace(runner=runner, weights=mapped), tmp_path, weights)
+    assert runner.buffer["_frozen_param0"].data_ptr() == w.data_ptr()

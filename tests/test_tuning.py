@@ -63,8 +63,9 @@ def coordinator(tmp_path: Path, names: list[str]) -> tuple[Coordinator, list[pro
     return self, events
 
 
-def candidate_miss(label: str, key: str = "") -> Miss:
-    return Miss(SimpleNamespace(spec=SimpleNamespace(name="m")), None, key, {}, None, label)  # type: ignore[arg-type]
+def candidate_miss(label: str, key: str = "", entry: dict | None = None) -> Miss:
+    model = SimpleNamespace(spec=SimpleNamespace(name="m"))
+    return Miss(model, None, key, entry or {}, None, label)  # type: ignore[arg-type]
 
 
 def test_the_fastest_verified_candidate_is_kept_and_a_failing_one_dropped(tmp_path: Path) -> None:
@@ -113,7 +114,10 @@ def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tm
     local = self.cache.local
     assert local is not None
     found = local.lookup("a" * 64, tmp_path / "found")
-    assert found is not None and found["entry"] == {"tuning": {"dropped": "compile: the aoti backend failed: boom"}}
+    assert found is not None
+    assert found["entry"] == {
+        "tuning": {"dropped": "compile: the aoti backend failed: boom", "machine": tuning.machine()}
+    }
     assert local.lookup("b" * 64, tmp_path / "found") is None, "a failure of the process is not remembered"
     first = self.entries["m"]["tuning"]
     # the rebuild: the remembered candidate is dropped again, from the cache, with the same record
@@ -131,17 +135,61 @@ def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tm
     assert isinstance(events[-1], protocol.Cached), "every candidate came from the cache"
 
 
-def test_a_time_cached_by_another_machine_is_taken_again_here(tmp_path: Path) -> None:
+def test_a_drop_another_machine_remembered_is_compiled_here(tmp_path: Path) -> None:
+    self, events = coordinator(tmp_path, ["defaults", "cpp-gemm"])
+    there = {"entry": {"tuning": {"dropped": "compile: boom", "machine": "another CPU; 64 CPUs; 64 threads"}}}
+    assert self.cached_candidate(candidate_miss("m--cpp-gemm", "c" * 64), there, "local") is False
+    assert not self.tunings["m"].dropped and not self.tunings["m"].cached
+
+
+def test_all_candidates_remembered_as_failing_say_how_to_try_them_again(tmp_path: Path) -> None:
+    self, events = coordinator(tmp_path, ["defaults"])
+    dropped = {"entry": {"tuning": {"dropped": "verify: output: mismatch", "machine": tuning.machine()}}}
+    self.cached_candidate(candidate_miss("m--defaults", "d" * 64), dropped, "local")
+    (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
+    assert failed.message == (
+        "no candidate compiled and verified (defaults: verify: output: mismatch); defaults (remembered from an "
+        "earlier build): `hatch-aoti cache clear` tries them again"
+    )
+
+
+def test_a_time_cached_by_another_machine_is_taken_again_here_and_kept_for_this_one(tmp_path: Path) -> None:
     self, events = coordinator(tmp_path, ["defaults", "cpp-gemm"])
     entry = {"verification": {"passed": True, "tried": []}}
     here = {"entry": {**entry, "tuning": {"seconds": 0.002, "machine": tuning.machine()}}, "errors": None}
     there = {"entry": {**entry, "tuning": {"seconds": 0.001, "machine": "another CPU; 64 CPUs; 64 threads"}}}
-    self.cached_candidate(candidate_miss("m--defaults"), here, "local")
-    self.cached_candidate(candidate_miss("m--cpp-gemm"), there, "remote")
+    self.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
+    self.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
     found = self.tunings["m"]
     assert found.results["defaults"][2] == 0.002 and list(found.untimed) == ["cpp-gemm"], "to be timed, not compiled"
     assert "m" not in self.entries, "not kept before it is timed here"
-    assert " 64 threads" not in tuning.machine() and "CPUs; " in tuning.machine()
+    # timed here: kept in the local cache, so the next build on this machine takes it as it is
+    self.local_note(candidate_miss("m--cpp-gemm", "f" * 64, entry), "time", {"seconds": 0.004})
+    (tmp_path / "again").mkdir()
+    again, events = coordinator(tmp_path / "again", ["defaults", "cpp-gemm"])
+    again.cache = self.cache
+    again.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
+    again.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
+    assert again.entries["m"]["tuning"]["candidates"][1] == {"candidate": "cpp-gemm", "ms": 4.0}
+    assert isinstance(events[-1], protocol.Cached)
+
+
+def test_only_a_compile_that_would_fail_again_is_lasting() -> None:
+    import subprocess
+
+    from hatch_aoti.worker.helpers import lasting
+
+    assert lasting(RuntimeError("C++ compile error: 'x' was not declared"))
+    assert not lasting(MemoryError())
+    assert not lasting(RuntimeError("g++: fatal error: Killed signal terminated program cc1plus"))
+    try:
+        try:
+            raise subprocess.CalledProcessError(-9, ["g++"])
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError("the compile failed") from exc
+    except RuntimeError as exc:
+        assert not lasting(exc)
+    assert not lasting(OSError(28, "No space left on device"))
 
 
 # -- a real tuned build ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,12 +25,12 @@ from hatch_aoti.settings.config import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
 from hatch_aoti.worker.bootstrap import setup
 from hatch_aoti.worker.checks import Prepared, check_model
-from hatch_aoti.worker.helpers import Helpers, Outcome, shares
+from hatch_aoti.worker.helpers import Helpers, Outcome, lasting, shares
 
 
 class ModelFailure(Exception):
-    def __init__(self, stage: str, message: str) -> None:
-        self.stage = stage
+    def __init__(self, stage: str, message: str, *, lasting: bool = False) -> None:
+        self.stage, self.lasting = stage, lasting  # lasting: the same inputs would fail the same way
         super().__init__(message)
 
 
@@ -110,9 +111,7 @@ class Coordinator:
         except ModelFailure as exc:
             self.fail(spec.name, exc.stage, str(exc))
             return []
-        foreign = [m for m in container_modules(exported) if m.partition(".")[0] != "torch"]
-        if foreign:
-            self.emit(protocol.Info(f"{spec.name}: {FOREIGN_CONTAINERS.format(', '.join(foreign))}"))
+        self.name_foreign_containers(spec.name, exported)
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
         spec = model.spec = self.with_weights(model.spec, weights_size(exported), model.user_configs, backend, cpu)
@@ -133,6 +132,13 @@ class Coordinator:
             misses += [miss] if miss else []
         self.finish_tuning(spec.name)  # every candidate was cached, or failed already
         return misses
+
+    def name_foreign_containers(self, name: str, exported: Any) -> None:
+        """Say which other packages the installed loader imports to rebuild the model's containers."""
+        found = [m for m in container_modules(exported, named_only=True) if m.partition(".")[0] != "torch"]
+        foreign = [m for m in found if m.partition(".")[0] != self.job.package.partition(".")[0]]
+        if foreign:  # the project's own package is no dependency
+            self.emit(protocol.Info(f"{name}: {FOREIGN_CONTAINERS.format(', '.join(foreign))}"))
 
     @staticmethod
     def with_weights(spec: ModelSpec, size: int, user_configs: dict[str, Any], backend: Any, cpu: Any) -> ModelSpec:
@@ -167,13 +173,14 @@ class Coordinator:
         if found is not None:
             record, tier = found
             entry = {k: v for k, v in record["entry"].items() if k != "tuning"}
-            if label != spec.name:
-                self.cached_candidate(Miss(model, exported, key, entry, backend, label), record, tier)
+            if label == spec.name:
+                self.entries[spec.name] = entry
+                check = _summary(entry["verification"], record.get("errors"))
+                self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
                 return None
-            self.entries[spec.name] = entry
-            check = _summary(entry["verification"], record.get("errors"))
-            self.emit(protocol.Cached(spec.name, time.perf_counter() - start, check, tier))
-            return None
+            if self.cached_candidate(Miss(model, exported, key, entry, backend, label), record, tier):
+                return None
+            shutil.rmtree(self.artifacts / label, ignore_errors=True)  # dropped on another machine: compiled here
         try:
             call, outputs = describe_call(exported, model.plan, model.mutated), describe_outputs(exported)
         except ValueError as exc:  # a size the loader cannot check (not a*dim + b)
@@ -306,7 +313,7 @@ class Coordinator:
             if out_of_space(exc):  # the library, and the weights twice (Inductor's package, then unpacked)
                 return Outcome(miss.name, error=str(NoSpace(self.stage, 2 * weights_size(miss.exported))))
             failed = f"the {miss.backend.name} backend failed: {type(exc).__name__}: {exc}"
-            return Outcome(miss.name, error=failed, lasting=True)
+            return Outcome(miss.name, error=failed, lasting=lasting(exc))
         return Outcome(miss.name, files=files, seconds=time.perf_counter() - start)
 
     @property
@@ -336,7 +343,7 @@ class Coordinator:
         try:
             entry["verification"], errors = self.verify(miss, entry)
         except ModelFailure as exc:
-            self.fail_or_drop(miss, "verify", str(exc), lasting=True)
+            self.fail_or_drop(miss, "verify", str(exc), lasting=exc.lasting)
             return
         if miss.candidate:  # timed once every compile is done, stored with its time
             self.tunings[miss.name].untimed[miss.candidate] = (entry, errors, miss)
@@ -373,7 +380,9 @@ class Coordinator:
             plan = miss.model.plan
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
             report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
-        except (VerificationFailed, RuntimeError) as exc:  # RuntimeError: the loader refused this machine
+        except VerificationFailed as exc:
+            raise ModelFailure("verify", str(exc), lasting=exc.mismatch) from None
+        except RuntimeError as exc:  # the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
         except Exception as exc:
             raise ModelFailure("verify", f"{type(exc).__name__}: {exc}") from None
@@ -410,24 +419,31 @@ class Coordinator:
                 entry, errors, miss = tuning.untimed.pop(candidate)
                 seconds = sorted(values)[len(values) // 2]
                 timing = {"seconds": seconds, "machine": machine()}
-                if candidate not in tuning.cached and not self.store(
-                    miss, {"entry": {**entry, "tuning": timing}, "errors": errors}
-                ):
+                if candidate in tuning.cached:  # cached with another machine's time: this one's, kept here
+                    self.local_note(miss, "time", {"seconds": seconds})
+                elif not self.store(miss, {"entry": {**entry, "tuning": timing}, "errors": errors}):
                     return
                 self.tuned(miss.label, entry, errors, seconds, cached=tuning.cached.get(candidate, ""), now=True)
 
-    def cached_candidate(self, miss: Miss, record: dict[str, Any], tier: str) -> None:
-        """A candidate from the cache: dropped, timed (on this machine), or timed again here, not compiled."""
+    def cached_candidate(self, miss: Miss, record: dict[str, Any], tier: str) -> bool:
+        """A candidate from the cache: dropped, timed on this machine, or to be timed again here, without
+        compiling it; ``False`` for a drop that another machine remembered (it is compiled here)."""
         from hatch_aoti.worker.tuning import machine
 
-        timing = record["entry"].get("tuning", {})
-        self.tunings[miss.name].cached[str(miss.candidate)] = tier
+        timing, candidate = record["entry"].get("tuning", {}), str(miss.candidate)
+        if "dropped" in timing and timing.get("machine") != machine():
+            return False
+        self.tunings[miss.name].cached[candidate] = tier
         if "dropped" in timing:
-            self.fail_or_drop(miss, "cache", f"{timing['dropped']} (remembered from an earlier build)")
-        elif timing.get("seconds") is not None and timing.get("machine") == machine():
+            self.fail_or_drop(miss, "cache", f"{timing['dropped']} {REMEMBERED}")
+            return True
+        if timing.get("machine") != machine():  # its time says nothing of this one's: this machine's, if taken
+            timing = self.local_note(miss, "time") or {}
+        if timing.get("seconds") is not None and timing.get("machine") == machine():
             self.tuned(miss.label, miss.entry, record.get("errors"), timing["seconds"], cached=tier)
-        else:  # timed on another machine: its time says nothing of this one's
-            self.tunings[miss.name].untimed[str(miss.candidate)] = (miss.entry, record.get("errors"), miss)
+        else:
+            self.tunings[miss.name].untimed[candidate] = (miss.entry, record.get("errors"), miss)
+        return True
 
     def fail_or_drop(self, miss: Miss, stage: str, message: str, *, lasting: bool = False) -> None:
         """A model fails; a candidate is only dropped, with one line, and its staged files removed.
@@ -435,8 +451,6 @@ class Coordinator:
         A candidate that would fail again (its compile or its verification) is remembered in
         the local cache, so a rebuild does not compile it again; another machine may, so the
         remote tier is not told."""
-        import shutil
-
         if not miss.candidate:
             self.fail(miss.name, stage, message)
             return
@@ -444,22 +458,33 @@ class Coordinator:
         first = message.strip().splitlines()[0] if message.strip() else stage
         why = first if stage == "cache" else f"{stage}: {first}"
         if lasting:
-            self.remember_drop(miss, why)
+            self.local_note(miss, "dropped", {"dropped": why})
         self.emit(protocol.Info(f"{miss.name}: candidate {miss.candidate} dropped at {why}"))
-        self.tunings[miss.name].dropped[miss.candidate] = why.removesuffix(" (remembered from an earlier build)")
+        self.tunings[miss.name].dropped[miss.candidate] = why.removesuffix(f" {REMEMBERED}")
         self.finish_tuning(miss.name)
 
-    def remember_drop(self, miss: Miss, why: str) -> None:
-        import shutil
+    def local_note(self, miss: Miss, kind: str, note: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """A candidate's note in the local cache only (another machine would not share it): why it was
+        dropped (under its own key), or this machine's time for it (under a key of the machine's).
+        With ``note``, it is written; else read. Remembering is a saving, never a failure."""
+        import hashlib
+
+        from hatch_aoti.worker.tuning import machine
 
         local = getattr(self.cache, "local", None)
         if not miss.key or local is None:
-            return
-        empty = self.stage / "dropped" / miss.label
-        empty.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError, NoSpace):  # remembering is a saving, never a failure
-            local.store(miss.key, empty, {"entry": {"tuning": {"dropped": why}}, "errors": None})
-        shutil.rmtree(empty, ignore_errors=True)
+            return None
+        key = miss.key if kind == "dropped" else hashlib.sha256(f"{miss.key} {machine()}".encode()).hexdigest()
+        scratch = self.stage / "notes" / miss.label
+        found = None
+        with contextlib.suppress(OSError, NoSpace, ValueError):
+            if note is None:
+                found = (local.lookup(key, scratch) or {}).get("entry", {}).get("tuning")
+            else:
+                scratch.mkdir(parents=True, exist_ok=True)
+                local.store(key, scratch, {"entry": {"tuning": {**note, "machine": machine()}}, "errors": None})
+        shutil.rmtree(scratch, ignore_errors=True)
+        return found if isinstance(found, dict) else None
 
     def tuned(
         self, label: str, entry: dict[str, Any], errors: Any, seconds: float, *, cached: str, now: bool = False
@@ -479,8 +504,6 @@ class Coordinator:
 
     def finish_tuning(self, name: str) -> None:
         """Once every candidate of ``name`` is in: keep the fastest as the model, remove the others."""
-        import shutil
-
         from hatch_aoti.worker.tuning import SEPARATOR
 
         tuning = self.tunings.get(name)
@@ -492,7 +515,9 @@ class Coordinator:
                 shutil.rmtree(self.artifacts / f"{name}{SEPARATOR}{candidate}", ignore_errors=True)
         if best is None:
             reasons = "; ".join(f"{c}: {why}" for c, why in tuning.dropped.items())
-            self.fail(name, "tune", f"no candidate compiled and verified ({reasons})")
+            again = [c for c in tuning.dropped if c in tuning.cached]
+            hint = f"; {', '.join(again)} {REMEMBERED}: `hatch-aoti cache clear` tries them again" if again else ""
+            self.fail(name, "tune", f"no candidate compiled and verified ({reasons}){hint}")
             return
         shutil.rmtree(self.artifacts / name, ignore_errors=True)
         (self.artifacts / f"{name}{SEPARATOR}{best}").rename(self.artifacts / name)
@@ -576,16 +601,18 @@ def dynamic_info(plan: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+REMEMBERED = "(remembered from an earlier build)"
 FOREIGN_CONTAINERS = (
     "its inputs or outputs are containers defined in {}: the installed loader imports that module to "
     "rebuild them, so the package that provides it is a run-time dependency"
 )
 
 
-def container_modules(exported: Any) -> list[str]:
+def container_modules(exported: Any, *, named_only: bool = False) -> list[str]:
     """Modules that define the containers of a program's inputs and outputs (transformers'
     ``ModelOutput`` classes, say): a helper's ``torch.export.load`` needs them registered first,
-    and a factory may import them only when it is called."""
+    and a factory may import them only when it is called. ``named_only`` leaves out named
+    tuples, which torch rebuilds from their fields alone."""
     found: list[str] = []
     specs = [exported.call_spec.in_spec, exported.call_spec.out_spec]
     while specs:
@@ -593,7 +620,8 @@ def container_modules(exported: Any) -> list[str]:
         if spec is None:
             continue
         module = getattr(spec.type, "__module__", "builtins")
-        if module not in ("builtins", "collections", *found):
+        named_tuple = isinstance(spec.type, type) and issubclass(spec.type, tuple) and hasattr(spec.type, "_fields")
+        if module not in ("builtins", "collections", *found) and not (named_only and named_tuple):
             found.append(module)
         specs.extend(spec.children() if hasattr(spec, "children") else spec.children_specs)
     return found
@@ -622,7 +650,7 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
     owners = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     constants = dict(compiled.weights)
     with (directory / weights["file"]).open("rb") as blob:
-        storages = _StorageOwners(owners.values(), blob)
+        storages = _StorageOwners(dict(module.named_parameters()).values(), blob)  # buffers may be written
         for constant, mapped in compiled.weights.items():
             fqn = fqns.get(constant, "")
             own = owners.get(fqn)
@@ -638,27 +666,40 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
 
 
 class _StorageOwners:
-    """The module's tensors that each hold a whole storage, found by a constant's storage in the file."""
+    """The module's parameters that each hold a whole storage, found by a constant's storage in the file
+    (indexed on first need)."""
 
     PREFIX = 64
 
     def __init__(self, tensors: Any, blob: Any) -> None:
-        self.blob = blob
-        self.found: dict[tuple[Any, int, bytes], list[Any]] = {}
-        for tensor in tensors:
-            nbytes = tensor.untyped_storage().nbytes()
-            if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.storage_offset():
-                if tensor.nbytes == nbytes and nbytes:
-                    self.found.setdefault((tensor.dtype, nbytes, _head(tensor, self.PREFIX)), []).append(tensor)
+        self.tensors, self.blob = list(tensors), blob
+        self.found: dict[tuple[Any, int, bytes], list[Any]] | None = None
 
     def view(self, mapped: Any, place: dict[str, Any]) -> Any:
-        """A module tensor's storage viewed as ``mapped`` is, if its bytes are the file's; else None."""
+        """A parameter's storage viewed as ``mapped`` is, if its bytes are the file's; else None."""
+        if self.found is None:
+            self.found = {}
+            for tensor in filter(_whole_storage, self.tensors):
+                key = (tensor.dtype, tensor.nbytes, _head(tensor, self.PREFIX))
+                self.found.setdefault(key, []).append(tensor)
         self.blob.seek(place["offset"])
+        head = self.blob.read(min(self.PREFIX, place["nbytes"]))
         whole = {**place, "storage_offset": 0}
-        for own in self.found.get((mapped.dtype, place["nbytes"], self.blob.read(self.PREFIX)), []):
+        for own in self.found.get((mapped.dtype, place["nbytes"], head), []):
             if _same_bytes(own, self.blob, whole):
                 return own.as_strided(mapped.shape, mapped.stride(), place["storage_offset"])
         return None
+
+
+def _whole_storage(tensor: Any) -> bool:
+    """A dense CPU tensor, laid out from the start of its storage to its end."""
+    import torch
+
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+        return False  # sparse, mkldnn or a tensor subclass: no plain storage to compare
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.storage_offset() or not tensor.data_ptr():
+        return False
+    return bool(tensor.nbytes) and tensor.nbytes == tensor.untyped_storage().nbytes()
 
 
 def _same_bytes(tensor: Any, blob: Any, place: dict[str, Any]) -> bool:

@@ -136,30 +136,47 @@ def run(job: HelperJob, parent: Parent) -> int:
     from hatch_aoti import backends
 
     for task in job.tasks:
-        start = time.perf_counter()
+        start, loaded = time.perf_counter(), False
         try:
             backend = backends.get(task.backend)
             for module in task.modules:
                 importlib.import_module(module)
-            exported = torch.export.load(task.program)
+            exported, loaded = torch.export.load(task.program), True
             files = backend.compile(
                 backends.Request(task.model, exported, task.inductor_configs, Path(task.out), Path(job.work))
             )
-        except Exception as exc:
-            why, lasting = _why(task, exc, Path(job.work))
-            parent.emit(protocol.Failed(task.model, "compile", why, lasting))
+        except Exception as exc:  # only the compile's own failure would come again in the coordinator
+            parent.emit(
+                protocol.Failed(task.model, "compile", _why(task, exc, Path(job.work)), loaded and lasting(exc))
+            )
             continue
         parent.emit(protocol.Compiled(task.model, time.perf_counter() - start, files))
     return 0
 
 
-def _why(task: Task, exc: Exception, work: Path) -> tuple[str, bool]:
-    """The message, and whether the compile would fail again (a full disk would not)."""
+def _why(task: Task, exc: Exception, work: Path) -> str:
     from hatch_aoti.store.cache import NoSpace, out_of_space
 
     if out_of_space(exc):  # the weights twice: Inductor's package, then unpacked
-        return str(NoSpace(work, 2 * Path(task.program).stat().st_size)), False
-    return f"the {task.backend} backend failed: {type(exc).__name__}: {exc}", True
+        return str(NoSpace(work, 2 * Path(task.program).stat().st_size))
+    return f"the {task.backend} backend failed: {type(exc).__name__}: {exc}"
+
+
+def lasting(exc: BaseException) -> bool:
+    """Whether a compile's exception would come again on the same inputs: not one for want of memory
+    or disk, nor a compiler killed by a signal (the kernel's out-of-memory killer, say)."""
+    import subprocess
+
+    from hatch_aoti.store.cache import out_of_space
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MemoryError) or out_of_space(seen):
+            return False
+        if isinstance(seen, subprocess.CalledProcessError) and seen.returncode < 0:
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return "Killed signal" not in str(exc)  # gcc's words for a compiler process killed
 
 
 if __name__ == "__main__":
