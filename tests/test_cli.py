@@ -173,6 +173,17 @@ def test_bad_targets_are_one_line_and_exit_2(
     assert status == 2 and "not built by hatch-aoti" in document["error"]
 
 
+def test_cache_info_names_a_tuning_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV_DIR, str(root))
+    (tmp_path / "empty").mkdir()
+    cache.CompileCache(root).store("ab" * 32, tmp_path / "empty", {"entry": {"tuning": {"dropped": "compile: boom"}}})
+    (entry,) = cli(capsys, "cache", "info")[1]["entries"]
+    assert (entry["backend"], entry["device"], entry["size"]) == ("tuning note", "-", 0)
+
+
 def test_cache_info_prune_and_clear(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -140,10 +140,11 @@ def clear(out: Output) -> int:
 
 def _describe(entry_dir: Path, record: dict[str, Any], age: float) -> dict[str, Any]:
     entry = record["entry"] if isinstance(record.get("entry"), dict) else {}
+    note = "backend" not in entry and isinstance(entry.get("tuning"), dict)  # a tuning candidate's drop or time
     return {
         "key": entry_dir.name,
-        "backend": entry.get("backend", "?"),
-        "device": entry.get("device", "?"),
+        "backend": "tuning note" if note else entry.get("backend", "?"),
+        "device": "-" if note else entry.get("device", "?"),
         "size": record["size"],
         "last_used_s_ago": round(age),
     }
