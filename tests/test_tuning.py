@@ -164,7 +164,7 @@ def test_a_time_cached_by_another_machine_is_taken_again_here_and_kept_for_this_
     assert found.results["defaults"][2] == 0.002 and list(found.untimed) == ["cpp-gemm"], "to be timed, not compiled"
     assert "m" not in self.entries, "not kept before it is timed here"
     # timed here: kept in the local cache, so the next build on this machine takes it as it is
-    self.local_note(candidate_miss("m--cpp-gemm", "f" * 64, entry), "time", {"seconds": 0.004})
+    self.write_note(candidate_miss("m--cpp-gemm", "f" * 64, entry), {"seconds": 0.004}, per_machine=True)
     (tmp_path / "again").mkdir()
     again, events = coordinator(tmp_path / "again", ["defaults", "cpp-gemm"])
     again.cache = self.cache

@@ -420,7 +420,7 @@ class Coordinator:
                 seconds = sorted(values)[len(values) // 2]
                 timing = {"seconds": seconds, "machine": machine()}
                 if candidate in tuning.cached:  # cached with another machine's time: this one's, kept here
-                    self.local_note(miss, "time", {"seconds": seconds})
+                    self.write_note(miss, {"seconds": seconds}, per_machine=True)
                 elif not self.store(miss, {"entry": {**entry, "tuning": timing}, "errors": errors}):
                     return
                 self.tuned(miss.label, entry, errors, seconds, cached=tuning.cached.get(candidate, ""), now=True)
@@ -438,7 +438,7 @@ class Coordinator:
             self.fail_or_drop(miss, "cache", f"{timing['dropped']} {REMEMBERED}")
             return True
         if timing.get("machine") != machine():  # its time says nothing of this one's: this machine's, if taken
-            timing = self.local_note(miss, "time") or {}
+            timing = self.machine_time(miss)
         if timing.get("seconds") is not None and timing.get("machine") == machine():
             self.tuned(miss.label, miss.entry, record.get("errors"), timing["seconds"], cached=tier)
         else:
@@ -458,33 +458,45 @@ class Coordinator:
         first = message.strip().splitlines()[0] if message.strip() else stage
         why = first if stage == "cache" else f"{stage}: {first}"
         if lasting:
-            self.local_note(miss, "dropped", {"dropped": why})
+            self.write_note(miss, {"dropped": why}, per_machine=False)
         self.emit(protocol.Info(f"{miss.name}: candidate {miss.candidate} dropped at {why}"))
         self.tunings[miss.name].dropped[miss.candidate] = why.removesuffix(f" {REMEMBERED}")
         self.finish_tuning(miss.name)
 
-    def local_note(self, miss: Miss, kind: str, note: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """A candidate's note in the local cache only (another machine would not share it): why it was
-        dropped (under its own key), or this machine's time for it (under a key of the machine's).
-        With ``note``, it is written; else read. Remembering is a saving, never a failure."""
+    def note_key(self, miss: Miss, *, per_machine: bool) -> str:
+        """Where a candidate's note goes: its own key (a drop), or one of this machine's (a time)."""
         import hashlib
 
         from hatch_aoti.worker.tuning import machine
 
+        return hashlib.sha256(f"{miss.key} {machine()}".encode()).hexdigest() if per_machine else miss.key
+
+    def write_note(self, miss: Miss, note: dict[str, Any], *, per_machine: bool) -> None:
+        """Keep a candidate's note, with the machine, in the local cache only (another machine would not
+        share it): why it was dropped, or this machine's time. Remembering is a saving, never a failure."""
+        from hatch_aoti.worker.tuning import machine
+
         local = getattr(self.cache, "local", None)
         if not miss.key or local is None:
-            return None
-        key = miss.key if kind == "dropped" else hashlib.sha256(f"{miss.key} {machine()}".encode()).hexdigest()
+            return
+        scratch = self.stage / "notes" / miss.label
+        with contextlib.suppress(OSError, NoSpace):
+            scratch.mkdir(parents=True, exist_ok=True)
+            record = {"entry": {"tuning": {**note, "machine": machine()}}, "errors": None}
+            local.store(self.note_key(miss, per_machine=per_machine), scratch, record)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def machine_time(self, miss: Miss) -> dict[str, Any]:
+        """This machine's time for a candidate that another machine timed, if it took one before."""
+        local = getattr(self.cache, "local", None)
+        if not miss.key or local is None:
+            return {}
         scratch = self.stage / "notes" / miss.label
         found = None
         with contextlib.suppress(OSError, NoSpace, ValueError):
-            if note is None:
-                found = (local.lookup(key, scratch) or {}).get("entry", {}).get("tuning")
-            else:
-                scratch.mkdir(parents=True, exist_ok=True)
-                local.store(key, scratch, {"entry": {"tuning": {**note, "machine": machine()}}, "errors": None})
+            found = (local.lookup(self.note_key(miss, per_machine=True), scratch) or {}).get("entry", {}).get("tuning")
         shutil.rmtree(scratch, ignore_errors=True)
-        return found if isinstance(found, dict) else None
+        return found if isinstance(found, dict) else {}
 
     def tuned(
         self, label: str, entry: dict[str, Any], errors: Any, seconds: float, *, cached: str, now: bool = False
@@ -650,7 +662,7 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
     owners = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     constants = dict(compiled.weights)
     with (directory / weights["file"]).open("rb") as blob:
-        storages = _StorageOwners(dict(module.named_parameters()).values(), blob)  # buffers may be written
+        storages = _StorageOwners(module.parameters(), blob)  # not buffers: the model may write them
         for constant, mapped in compiled.weights.items():
             fqn = fqns.get(constant, "")
             own = owners.get(fqn)

@@ -10,6 +10,7 @@ compiled again), and a candidate that failed is remembered in the local cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,16 +75,23 @@ def machine() -> str:
     """What a cached time was measured on: the CPU's model, the CPUs this process may use, and
     torch's threads. A time from another machine is not compared with this one's."""
     import os
-    import platform
 
     import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{_cpu_model()}; {cpus} CPUs; {torch.get_num_threads()} threads"
+
+
+@functools.cache
+def _cpu_model() -> str:
+    """The CPU's model name (read once: every cached candidate asks)."""
+    import platform
 
     name = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}; {cpus} CPUs; {torch.get_num_threads()} threads"
+    return name
 
 
 def seconds_per_call(model: Any, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> float:

@@ -196,14 +196,20 @@ def _further_than_eager(e: Any, c: Any, r: Any, result: Comparison, *, worst_too
     if e.numel() == 0:
         return None
     _record_errors(e, c, result)
-    measures = [("RMS error", lambda t: float(t.square().mean().sqrt()), "the output's RMS")]
-    eager_err, scale = measures[0][1](e - r), measures[0][1](r)
-    if worst_too and eager_err > EAGER_AGREES * scale:
-        return f"a float64 run cannot judge it: eager itself is {eager_err:.3g} RMS from it (a random model?)"
+
+    def rms(t: Any) -> float:
+        return float(t.square().mean().sqrt())
+
+    def largest(t: Any) -> float:
+        return float(t.abs().max())
+
+    eager_rms, scale = rms(e - r), rms(r)
+    if worst_too and eager_rms > EAGER_AGREES * scale:
+        return f"a float64 run cannot judge it: eager itself is {eager_rms:.3g} RMS from it (a random model?)"
+    measures = [("RMS error", eager_rms, rms(c - r), scale, "the output's RMS")]
     if worst_too:
-        measures.append(("largest error", lambda t: float(t.abs().max()), "its largest value"))
-    for what, size, of in measures:
-        eager_err, compiled_err, scale = size(e - r), size(c - r), size(r)
+        measures.append(("largest error", largest(e - r), largest(c - r), largest(r), "its largest value"))
+    for what, eager_err, compiled_err, scale, of in measures:
         if compiled_err > REFERENCE_MULTIPLIER * eager_err + floor * scale:
             return (
                 f"further from a float64 run than eager is ({what} {compiled_err:.3g}, eager's {eager_err:.3g}; "
