@@ -133,3 +133,104 @@ def _prefix_maps(maps: dict[str, str]) -> list[str]:
         for path in dict.fromkeys([old, os.path.realpath(old)]):
             out.append(f"ffile-prefix-map={path}={new}")
     return out
+
+
+class PackedWeights:
+    """Weights Inductor packs for oneDNN while it freezes a model, shipped instead as the dense tensors
+    they are packed from: oneDNN picks a packed layout for the CPU at hand, so the loader packs them
+    again where the model runs (``replays``: each constant's packing op and its other arguments).
+
+    It records each packing that ``ConstantFolder.run_node`` folds, and ``graph_pass`` (a
+    ``post_grad_custom_post_pass``) puts the dense tensor back in place of each packed constant.
+    """
+
+    def __init__(self, repacked: frozenset[str]) -> None:
+        self.repacked = repacked
+        self.replays: dict[str, dict[str, Any]] = {}
+        self.made: dict[int, tuple[Any, Any, str | None, list[Any] | None]] = {}  # id(packed): packed, dense, op, args
+
+    def record(self, node: Any, args: tuple[Any, ...], out: Any) -> None:
+        import torch
+
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if not outs or not all(isinstance(o, torch.Tensor) and o.is_mkldnn for o in outs):
+            return
+        op = getattr(getattr(node.target, "_overloadpacket", node.target), "_qualified_op_name", None)
+        count = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+        dense, rest = list(args[:count]), list(args[count:])
+        plain = len(dense) == len(outs) and not any(isinstance(a, torch.Tensor) for a in rest)
+        for i, packed in enumerate(outs):  # an op's list of packed tensors: each from its own dense one
+            if id(packed) not in self.made:  # a ``getitem`` of the list keeps the op's record
+                one = plain and len(outs) == 1
+                self.made[id(packed)] = (packed, dense[i] if plain else None, op if one else None, _json_args(rest))
+
+    def unpack(self, gm: Any) -> None:
+        """Each packed constant of ``gm`` replaced by the dense tensor it was packed from."""
+        for node in gm.graph.find_nodes(op="get_attr"):
+            owner, _, attr = node.target.rpartition(".")
+            holder = gm.get_submodule(owner) if owner else gm
+            value = getattr(holder, attr, None)
+            if not getattr(value, "is_mkldnn", False):
+                continue
+            packed, dense, op, args = self.made.get(id(value), (None, None, None, None))
+            if packed is not value or dense is None or dense.shape != value.shape or dense.dtype != value.dtype:
+                raise RuntimeError(
+                    f"Inductor packed weight {node.target} for oneDNN ({op or 'an unknown op'}) in a way "
+                    "hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
+                    "inductor-configs"
+                )
+            setattr(holder, attr, dense)
+            if op in self.repacked and args is not None:
+                self.replays[node.target] = {"op": op, "args": args}
+        self.made.clear()  # the packed tensors, no longer in the graph
+
+
+def _json_args(args: list[Any]) -> list[Any] | None:
+    """The arguments as JSON values (tuples as lists), or None where one is not (a symbolic size)."""
+    out: list[Any] = []
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            inner = _json_args(list(arg))
+            if inner is None:
+                return None
+            out.append(inner)
+        elif arg is None or type(arg) in (bool, int, float, str):
+            out.append(arg)
+        else:
+            return None
+    return out
+
+
+@contextlib.contextmanager
+def packed_weights(repacked: frozenset[str]) -> Iterator[PackedWeights]:
+    """Record the packings Inductor folds while frozen (``constant_folding.ConstantFolder.run_node``)
+    and set the pass that unpacks them (``config.post_grad_custom_post_pass``). A torch without the
+    folder fails its first packed model with the message of :meth:`PackedWeights.unpack`."""
+    from torch._inductor import config
+    from torch._inductor.constant_folding import ConstantFolder
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    packed = PackedWeights(repacked)
+
+    class Unpack(CustomGraphPass):
+        def __call__(self, graph: Any) -> None:
+            packed.unpack(graph.owning_module)
+
+        def uuid(self) -> Any:
+            return "hatch-aoti-unpack-1"
+
+    run_node = ConstantFolder.run_node
+
+    def recording(self: Any, node: Any) -> Any:
+        out = run_node(self, node)
+        if node.op == "call_function":
+            with contextlib.suppress(Exception):  # arguments the folder could not compute
+                packed.record(node, self.fetch_args_kwargs_from_env(node)[0], out)
+        return out
+
+    ConstantFolder.run_node = recording  # type: ignore[method-assign]
+    try:
+        with config.patch(post_grad_custom_post_pass=Unpack()):
+            yield packed
+    finally:
+        ConstantFolder.run_node = run_node  # type: ignore[method-assign]

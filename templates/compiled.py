@@ -544,7 +544,10 @@ class _CompiledModel:
                 self._weights = _mapped_weights(
                     torch, self.name, entry, self._runner.get_constant_names_to_original_fqns()
                 )
-                self._runner.update_constant_buffer(self._weights, False, True, True)  # user-managed: no copy
+            packed = _packed(torch, self.name, entry, self._weights, self._file, self._runner)
+            if self._weights is not None or packed:
+                self._weights = {**(self._weights or {}), **packed}
+                self._runner.update_constant_buffer(self._weights, False, "weights" in entry, True)  # no copy
             return self._runner.get_call_spec()
         except (AttributeError, TypeError, ImportError) as exc:
             warnings.warn(
@@ -611,6 +614,38 @@ class _CompiledModel:
                         f"gave {root} = {seen[0]}; the inputs must agree on it"
                     )
         raise AssertionError("no input was rejected")
+
+
+def _packed(torch: Any, name: str, entry: Entry, weights: Any, so_path: str, runner: Any) -> dict[str, Any]:
+    """The convolution weights packed into oneDNN's layouts for this CPU, by constant name: the wheel
+    ships them dense, and oneDNN would otherwise reorder them on every call. A torch that cannot pack
+    them runs them dense, with a warning."""
+    packing = entry.get("packing")
+    if not packing:
+        return {}
+    try:
+        if weights is None:  # in the library: read through a runner of torch's, while it holds them
+            source = (
+                runner
+                if hasattr(runner, "extract_constants_map")
+                else torch._C._aoti.AOTIModelContainerRunnerCpu(so_path, 1)
+            )
+            weights = source.extract_constants_map(False)
+        return {constant: _op(torch, how["op"])(weights[constant], *how["args"]) for constant, how in packing.items()}
+    except Exception as exc:  # the dense weights run everywhere, only slower
+        warnings.warn(
+            f"compiled model {name!r}: torch {torch.__version__} could not pack its convolution weights for "
+            f"this CPU ({type(exc).__name__}: {exc}); they are reordered on every call instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return {}
+
+
+def _op(torch: Any, qualified: str) -> Any:
+    """``namespace::name`` as torch's operator."""
+    namespace, _, op = qualified.partition("::")
+    return getattr(getattr(torch.ops, namespace), op)
 
 
 def _check_symbols(

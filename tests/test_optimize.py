@@ -1,10 +1,11 @@
-"""`optimize = "host"`: weights prepacked for the build machine, and kept apart from portable models."""
+"""Packed weights, shipped dense and packed again at load; `optimize = "host"`; packing kept per process."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from conftest import TABLES, Runtime, build_no_isolation, write_project
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.settings.config import ConfigError, ModelSpec, parse_settings
-from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, packs_weights, processes
+from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, processes
 from hatch_aoti.worker.helpers import Outcome
 
 HATCH = TABLES["hatch"]
@@ -40,7 +41,6 @@ def test_host_is_read_per_model_and_for_the_table_and_compiles_for_this_machine(
 
 
 HOST_MODEL = {**MODEL, "optimize": "host"}
-URL = "https://h/{file}"
 
 
 @pytest.mark.parametrize(
@@ -48,12 +48,6 @@ URL = "https://h/{file}"
     [
         ({"models": {"a": {**MODEL, "optimize": "fast"}}}, "models.a.optimize", "must be one of portable, host"),
         ({"optimize": "hots", "models": {"a": MODEL}}, "optimize", "did you mean `host`"),
-        ({"models": {"a": {**HOST_MODEL, "weights": "mapped"}}}, "models.a.weights", "use `auto` or `embedded`"),
-        (
-            {"optimize": "host", "models": {"a": {**MODEL, "weights": "external", "weights-url": URL}}},
-            "models.a.weights",
-            'cannot hold weights packed by `optimize = "host"`',
-        ),
         ({"models": {"a": {**HOST_MODEL, "device": "cuda"}}}, "models.a.optimize", "is for CPU models, not cuda"),
         ({"optimize": "host", "models": {"a": {**MODEL, "device": "cuda"}}}, "models.a.device", '"portable"` on this'),
         ({"optimize": "host", "models": {"a": {**MODEL, "backend": "precompile"}}}, "models.a.backend", "'precompile'"),
@@ -73,18 +67,31 @@ def test_a_models_own_host_overrides_the_tables_target() -> None:
     assert (found["a"].cpu_target, found["b"].cpu_target) == ("native", "x86-64-v3")
 
 
-def test_host_weights_stay_in_the_library_and_are_packed() -> None:
-    from hatch_aoti.backends.aoti import AotiBackend
+def test_host_models_map_their_weights_as_any() -> None:
+    found = specs({"optimize": "host", "models": {"a": {**MODEL, "weights": "mapped"}, "b": MODEL}})
+    assert (found["a"].weights, found["b"].weights) == ("mapped", "auto")
+
+
+def test_weights_are_packed_unless_they_cannot_ship_dense() -> None:
+    import torch
+
+    from hatch_aoti.backends.aoti import AotiBackend, packs_weights
     from hatch_aoti.settings.cpu_targets import resolve
 
     host, portable = specs({"models": {"h": {**MODEL, "optimize": "host"}, "p": MODEL}}).values()
-    backend, big = AotiBackend(), 2**30
-    assert Coordinator.with_weights(host, big, {}, backend, resolve("native")).weights == "embedded"
-    assert Coordinator.with_weights(portable, big, {}, backend, resolve("x86-64-v3")).weights == "mapped"
-    user_packed = Coordinator.with_weights(portable, 2**26, {"cpp.weight_prepack": True}, backend, resolve("x86-64-v3"))
-    assert user_packed.weights == "embedded", "weights the user's settings pack are not mapped either"
-    assert packs_weights(backend.settings({}, resolve("native"), host))
-    assert not packs_weights(backend.settings({}, resolve("x86-64-v3"), portable))
+    conv = torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.ones(1, 3, 8, 8),))
+    transposed = torch.export.export(torch.nn.ConvTranspose2d(3, 4, 3), (torch.ones(1, 3, 8, 8),))
+    backend = AotiBackend()
+    for spec, cpu in ((host, resolve("native")), (portable, resolve("x86-64-v3"))):
+        plain, swapped = Coordinator.with_weights(spec, conv), Coordinator.with_weights(spec, transposed)
+        assert plain.repackable and not swapped.repackable
+        assert plain.weights == swapped.weights == "embedded", "small weights stay in the library, packed or not"
+        assert packs_weights(backend.settings({}, cpu, plain))
+        assert not packs_weights(backend.settings({}, cpu, swapped)), "transposed convolutions pack channels swapped"
+        assert packs_weights(backend.settings({"cpp.weight_prepack": True}, cpu, swapped)), "the user's say wins"
+    big = dataclasses.replace(Coordinator.with_weights(portable, conv), weights_bytes=2**30)
+    assert not backend.settings({}, resolve("x86-64-v3"), big)["freezing"]
+    assert backend.settings({}, resolve("native"), dataclasses.replace(big, optimize="host"))["freezing"]
     # packing needs freezing; Inductor packs by default whenever it freezes
     assert packs_weights({"freezing": True}) and not packs_weights({"cpp.weight_prepack": True})
     assert ModelSpec.from_json(json.loads(json.dumps(dataclasses.asdict(host)))) == host
@@ -139,7 +146,7 @@ def test_a_packing_model_that_cannot_have_a_process_of_its_own_fails_clearly(tmp
     assert failed.message == CANNOT_SHARE
 
 
-# -- a real build: a packed model and a portable one, in one process's share ------------------------
+# -- a real build: packed weights shipped dense, mapped, and packed again where the model loads --------
 
 MODELS = """
     import torch
@@ -149,8 +156,12 @@ MODELS = """
         torch.manual_seed(0)
         return nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 16, 3), nn.Flatten(), nn.Linear(16 * 14 * 14, 2800),  # 35 MB: mapped if portable
+            nn.Conv2d(32, 16, 3), nn.Flatten(), nn.Linear(16 * 14 * 14, 2800),  # 35 MB: mapped
         ).eval()
+
+    def upsample():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 3)).eval()
 """
 HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.host]
@@ -161,18 +172,47 @@ HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.portable]
     factory = "hostpkg.models:net"
     inputs = [{ shape = [2, 3, 16, 16] }]
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.upsample]
+    factory = "hostpkg.models:upsample"
+    inputs = [{ shape = [2, 3, 16, 16] }]
 """
 PACKED_CONV = b"aoti_torch_cpu_mkldnn__convolution_pointwise"
+#: oneDNN's words for reordering a tensor of one of ``net``'s convolution weights' shapes.
+WEIGHT_REORDER = re.compile(r",reorder,.*,(32x3x3x3|16x32x3x3),")
+CALLS = """
+    import ctypes, os, sys
+    os.environ["ONEDNN_VERBOSE"] = "1"  # read when oneDNN first runs
+    sys.path.insert(0, {site!r})  # the wheel, its models module included
+    import torch
+    from hostpkg import compiled
+    from hostpkg.models import net
+
+    def mark(text):  # after what oneDNN printed so far, which C's stdio buffers
+        ctypes.CDLL(None).fflush(None)
+        os.write(1, text.encode() + b"\\n")
+
+    x = torch.load({x!r})
+    torch.save({{n: compiled.load(n)(x) for n in ("host", "portable", "upsample")}}, {y!r})
+    eager = net()
+    with torch.no_grad():
+        eager(x)  # oneDNN's own first-call work done
+        mark("EAGER")
+        eager(x)
+        mark("COMPILED")
+        compiled.load("portable")(x)
+        mark("END")
+"""
 
 
 @pytest.mark.integration
-def test_a_host_model_is_packed_and_a_portable_one_beside_it_is_not(
+def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     tmp_path_factory: pytest.TempPathFactory, runtime: Runtime, tmp_path: Path
 ) -> None:
     import torch
 
     project = write_project(tmp_path_factory.mktemp("host") / "proj", "hostpkg", HOOK, {"models.py": MODELS})
-    # One job: without a process of their own, the first model's packing would decide the second's.
+    # One job: without a process of their own, the first model's packing would decide the others'.
     build_no_isolation(project, project / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "1"})
     (wheel,) = (project / "dist").glob("*.whl")
     site = tmp_path / "site"
@@ -180,47 +220,28 @@ def test_a_host_model_is_packed_and_a_portable_one_beside_it_is_not(
         zf.extractall(site)
         manifest = json.loads(zf.read("hostpkg/_aoti/manifest.json"))["models"]
     libraries = {name: next((site / "hostpkg" / "_aoti" / name).rglob("*.so")).read_bytes() for name in manifest}
-    assert PACKED_CONV in libraries["host"] and PACKED_CONV not in libraries["portable"]
     assert manifest["host"]["cpu"]["target"] == "native" and manifest["portable"]["cpu"]["target"] == "x86-64-v3"
-    assert "weights" not in manifest["host"] and "weights" in manifest["portable"], "packed weights stay in the library"
-    assert manifest["host"]["inductor_configs"]["cpp.weight_prepack"] is True
+    for name in ("host", "portable"):
+        assert PACKED_CONV in libraries[name] and "weights" in manifest[name], "packed weights are mapped as any"
+        assert manifest[name]["inductor_configs"]["cpp.weight_prepack"] is True
+        packing = manifest[name]["packing"]
+        assert [p["op"] for p in packing.values()] == ["mkldnn::_reorder_convolution_weight"] * 2, packing
+    upsampling = manifest["upsample"]
+    assert upsampling["inductor_configs"]["cpp.weight_prepack"] is False and "packing" not in upsampling
     sys.path.insert(0, str(project))
     try:
-        from hostpkg.models import net
+        from hostpkg.models import net, upsample
     finally:
         sys.path.remove(str(project))
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     torch.save(x, tmp_path / "x.pt")
-    runtime.run(
-        f"""
-        import sys; sys.path.insert(0, {str(site)!r})
-        import torch
-        from hostpkg import compiled
-        x = torch.load({str(tmp_path / "x.pt")!r})
-        torch.save({{n: compiled.load(n)(x) for n in ("host", "portable")}}, {str(tmp_path / "y.pt")!r})
-        """
-    )
+    paths = {"site": str(site), "x": str(tmp_path / "x.pt"), "y": str(tmp_path / "y.pt")}
+    shown = runtime.run(CALLS.format(**paths)).stdout
     with torch.no_grad():
-        expected = net()(x)
+        expected = {"host": net()(x), "portable": net()(x), "upsample": upsample()(x)}
     for name, y in torch.load(tmp_path / "y.pt").items():
         assert type(y) is torch.Tensor, name
-        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-5, msg=name)
-
-
-def test_weights_the_users_settings_pack_cannot_be_mapped(tmp_path: Path) -> None:
-    import torch
-
-    from hatch_aoti.worker.checks import Prepared
-
-    events: list[protocol.Event] = []
-    self = object.__new__(Coordinator)
-    self.emit, self.failed, self.tunings = events.append, {}, {}
-    module = torch.nn.Linear(4, 4).eval()
-    exported = torch.export.export(module, (torch.ones(1, 4),))
-    self.export = lambda model: exported  # type: ignore[method-assign]
-    (spec,) = specs({"models": {"m": {**MODEL, "weights": "mapped"}}}).values()
-    model = Prepared(spec, module, None, {"cpp.weight_prepack": True})
-    assert self.export_and_look_up(model) == [] and self.failed == {"m": "check"}
-    (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
-    assert failed.message.startswith(f"{HATCH}.models.m.inductor-configs: `cpp.weight_prepack` packs the weights")
-    assert '`weights = "mapped"`' in failed.message
+        torch.testing.assert_close(y, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    eager_call, compiled_call = shown.split("EAGER\n", 1)[1].split("END\n", 1)[0].split("COMPILED\n")
+    assert WEIGHT_REORDER.search(eager_call), "eager reorders its dense convolution weights on every call"
+    assert not WEIGHT_REORDER.search(compiled_call), compiled_call

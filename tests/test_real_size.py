@@ -108,7 +108,8 @@ def test_bert_base_builds_with_the_defaults_and_maps_its_weights(bert_wheel: tup
     assert len(weights["tensors"]) >= 150, "hundreds of weight tensors"
     assert (bert_site / "bertpkg" / "_aoti" / "bert" / "weights.bin").stat().st_size > 32 * 2**20
     assert not [m for m in entry["inline"] if m.endswith("weights_config.json")], "the index is the record"
-    assert entry["inductor_configs"]["freezing"] is True and entry["inductor_configs"]["cpp.weight_prepack"] is False
+    assert entry["inductor_configs"]["freezing"] is True and entry["inductor_configs"]["cpp.weight_prepack"] is True
+    assert "packing" not in entry, "linear weights run as shipped: only convolutions are packed again at load"
 
 
 def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
@@ -155,6 +156,8 @@ def test_resnet_50_builds_with_the_defaults_and_matches_eager(
     log = bert_wheel[1]
     assert "resnet: compiled in" in log, log
     assert "resnet: its inputs or outputs are containers defined in transformers.modeling_outputs" in log
+    entry = json.loads((bert_site / "bertpkg" / "_aoti" / "manifest.json").read_text())["models"]["resnet"]
+    assert "weights" in entry and len(entry["packing"]) == 53, "every convolution, mapped, packed again at load"
     sys.path.insert(0, str(bert_site))
     try:
         from bertpkg.models import resnet

@@ -58,6 +58,29 @@ kept = proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT
 filled = bool(kept)
 private.release_trace()
 found["release_trace"] = filled and not proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT
+from torch._inductor import config
+from torch._inductor.constant_folding import ConstantFolder, constant_fold
+mkldnn, run_node, no_pass = torch.ops.mkldnn, ConstantFolder.run_node, config.post_grad_custom_post_pass
+
+graph = torch.fx.Graph()  # what Inductor's packing leaves for freezing to fold
+x, w = graph.placeholder("x"), graph.get_attr("w")
+args = ([1, 1], [1, 1], [1, 1], 1)
+packed_w = graph.call_function(mkldnn._reorder_convolution_weight, (w, *args, [1, 3, 8, 8]))
+graph.output(graph.call_function(mkldnn._convolution_pointwise, (x, packed_w, None, *args, "none", [], "")))
+root = torch.nn.Module()
+weight = torch.randn(8, 3, 3, 3)
+root.register_buffer("w", weight)
+gm = torch.fx.GraphModule(root, graph)
+with private.packed_weights(frozenset({"mkldnn::_reorder_convolution_weight"})) as packed:
+    constant_fold(gm)
+    (name,) = [n.target for n in gm.graph.find_nodes(op="get_attr") if getattr(gm, n.target).is_mkldnn]
+    config.post_grad_custom_post_pass(gm.graph)
+replay = packed.replays.get(name)
+found["packed_weights"] = (
+    torch.equal(getattr(gm, name), weight) and ConstantFolder.run_node is run_node
+    and config.post_grad_custom_post_pass is no_pass
+    and replay == {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}
+)
 print(json.dumps(found))
 """
 
@@ -78,6 +101,7 @@ def expected(version: str) -> dict[str, object]:
         "use_header_store",
         "portable_paths",
         "release_trace",
+        "packed_weights",
     )
     return {"torch": version, **dict.fromkeys(touches, True)}
 

@@ -46,27 +46,38 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #: - freezing: the weights become constants of the graph, so what depends on them alone
 #:   (transposed linear weights, batch norms folded into convolutions) is computed once, at
 #:   build time; the wheel ships those constants instead of the state dict;
-#: - no weight prepacking: prepacked oneDNN layouts are picked for the build machine's ISA
-#:   (reordered on every call elsewhere) and cannot be mapped; the constants stay dense tensors.
+#: - weight prepacking, with the packed weights shipped as the dense tensors they come from
+#:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
+#:   for the CPU it runs on (``REPACKED``); the others run as they are, measured no slower.
 #: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
 #: the originals while the model compiles; from this size on it is left to the user.
 FREEZE_BELOW = 2**30
 FAST_DEFAULTS: dict[str, Any] = {
     "freezing": True,
-    "cpp.weight_prepack": False,
+    "cpp.weight_prepack": True,
 }
-
-
-#: ``optimize = "host"``: weights prepacked into the blocked layouts oneDNN picks for the build
-#: machine's CPU (computed once, at build time, instead of reordered on every call), at any size.
-HOST_DEFAULTS: dict[str, Any] = {**FAST_DEFAULTS, "cpp.weight_prepack": True}
+#: The packing ops the loader runs again, on the dense weights, as it loads the model.
+REPACKED = frozenset({"mkldnn::_reorder_convolution_weight"})
 
 
 def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
-    if spec.optimize == HOST:
-        return dict(HOST_DEFAULTS)
-    big = spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW
-    return {**FAST_DEFAULTS, "freezing": False} if big else dict(FAST_DEFAULTS)
+    """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense is not packed."""
+    configs = dict(FAST_DEFAULTS)
+    if not spec.repackable:
+        configs["cpp.weight_prepack"] = False
+    if spec.optimize != HOST and spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW:
+        configs["freezing"] = False
+    return configs
+
+
+def packs_weights(configs: dict[str, Any]) -> bool:
+    """Whether a compile prepacks weights for oneDNN.
+
+    Inductor registers its weight-packing passes once per process, at the first freezing
+    compile, as that compile's settings say; so models that pack and models that do not
+    never share a process (models of one kind do).
+    """
+    return bool(configs.get("freezing")) and bool(configs.get("cpp.weight_prepack", True))
 
 
 WHEEL_DEFAULTS: dict[str, Any] = {
@@ -95,6 +106,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     have fixed names, and Inductor reuses a library it finds under the same name, which
     would be another model's when two models share their graph code (layers of other sizes).
     """
+    import contextlib
     import shutil
 
     import torch
@@ -106,11 +118,18 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     _torch_private.use_header_store()
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
+    packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()
     try:
         # Freezing folds weights only where no gradient can be asked for.
         with _torch_private.inductor_cache(inductor), _torch_private.portable_paths(), torch.no_grad():
-            torch._inductor.aoti_compile_and_package(exported, package_path=str(pt2), inductor_configs=dict(configs))
-        return unpack_pt2(pt2, out_dir)
+            with packing as packed:
+                torch._inductor.aoti_compile_and_package(
+                    exported, package_path=str(pt2), inductor_configs=dict(configs)
+                )
+        entry = unpack_pt2(pt2, out_dir)
+        if packed is not None and packed.replays:
+            entry["packing"] = dict(sorted(packed.replays.items()))
+        return entry
     finally:
         _torch_private.release_trace()  # the folded weights, once the library holds its own
         pt2.unlink(missing_ok=True)

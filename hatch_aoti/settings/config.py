@@ -364,7 +364,7 @@ def _weights(value: str, path: str, problems: Problems) -> Any:
     return _INVALID
 
 
-#: `optimize`: fast defaults that run on any CPU of the target, or prepacked for this one.
+#: `optimize`: fast defaults that run on any CPU of the target, or compiled for this one.
 PORTABLE, HOST = "portable", "host"
 OPTIMIZE = (PORTABLE, HOST)
 
@@ -524,8 +524,7 @@ class ModelTable:
     )
     weights: str = key(
         "`aoti` on CPU: `mapped` keeps the weights in a file the loader maps, `embedded` in the library; "
-        "`auto`: mapped from 32 MiB of weights, unless they are prepacked "
-        "(see [Large models](performance.md#large-models))",
+        "`auto`: mapped from 32 MiB of weights (see [Large models](performance.md#large-models))",
         default="auto",
         check=_weights,
     )
@@ -541,9 +540,9 @@ class ModelTable:
         shown="the table's `tune`",
     )
     optimize: str | None = key(
-        "`aoti` on CPU: `portable` runs on any CPU of the `cpu-target`; `host` packs the weights into oneDNN's "
-        "layouts for this machine's CPU, for wheels that run where they are built (see [Optimizing for the build "
-        "machine](#optimizing-for-the-build-machine))",
+        "`aoti` on CPU: `portable` runs on any CPU of the `cpu-target`; `host` compiles for this machine's CPU "
+        "and freezes the weights at any size, for wheels that run where they are built (see [Optimizing for the "
+        "build machine](#optimizing-for-the-build-machine))",
         shown="the table's `optimize`",
         check=_optimize,
     )
@@ -693,7 +692,9 @@ class ModelSpec:
     weights_bytes: int | None = None
     """Bytes of the exported program's weights, once it is exported (the size-based defaults use it)."""
     optimize: str = PORTABLE
-    """``host``: weights prepacked for the build machine's CPU (the model's own, or the table's)."""
+    """``host``: compiled for the build machine's CPU (the model's own, or the table's)."""
+    repackable: bool = True
+    """Whether the weights Inductor packs for oneDNN can ship dense, once exported (see ``fast_defaults``)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:
@@ -790,7 +791,7 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str, pa
 
 
 def _host_problems(name: str, model: ModelTable, parsed: Table, table: str, problems: Problems) -> None:
-    """`optimize = "host"` prepacks CPU `aoti` weights into tensors that only the library can hold."""
+    """`optimize = "host"` is for CPU `aoti` models."""
     if applied_optimize(model.optimize, parsed.optimize) != HOST:
         return
     path = f"{table}.models.{name}"
@@ -804,12 +805,6 @@ def _host_problems(name: str, model: ModelTable, parsed: Table, table: str, prob
     elif model.device != "cpu":
         hint = "" if own else portable
         problems.add(own or f"{path}.device", f'`optimize = "host"` is for CPU models, not {model.device}{hint}')
-    elif model.weights in ("mapped", "external"):
-        problems.add(
-            f"{path}.weights",
-            f'`{model.weights}` cannot hold weights packed by `optimize = "host"` (oneDNN\'s packed tensors '
-            f"live only in the library): use `auto` or `embedded`{'' if own else portable}",
-        )
 
 
 def _target_problems(

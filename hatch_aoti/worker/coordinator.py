@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.backends.aoti import packs_weights
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Parent
 from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
@@ -114,11 +115,8 @@ class Coordinator:
         self.name_foreign_containers(spec.name, exported)
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
-        spec = model.spec = self.with_weights(model.spec, weights_size(exported), model.user_configs, backend, cpu)
+        spec = model.spec = self.with_weights(model.spec, exported)
         settings = backend.settings(model.user_configs, cpu, spec)
-        if spec.weights in ("mapped", "external") and packs_weights(settings):
-            self.fail(spec.name, "check", f"{spec.path}.inductor-configs: {packed_weights_cannot_map(spec.weights)}")
-            return []
         if not spec.tune:
             miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
             return [miss] if miss else []
@@ -141,14 +139,11 @@ class Coordinator:
             self.emit(protocol.Info(f"{name}: {FOREIGN_CONTAINERS.format(', '.join(foreign))}"))
 
     @staticmethod
-    def with_weights(spec: ModelSpec, size: int, user_configs: dict[str, Any], backend: Any, cpu: Any) -> ModelSpec:
-        """``weights = "auto"`` resolved: embedded where the settings prepack them, else by size."""
-        weights = spec.weights
-        if weights == "auto":
-            embedded = dataclasses.replace(spec, weights="embedded", weights_bytes=size)
-            packed = packs_weights(backend.settings(user_configs, cpu, embedded))
-            weights = "embedded" if packed else auto_weights(spec, size)
-        return dataclasses.replace(spec, weights=weights, weights_bytes=size)
+    def with_weights(spec: ModelSpec, exported: Any) -> ModelSpec:
+        """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
+        size = weights_size(exported)
+        weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
+        return dataclasses.replace(spec, weights=weights, weights_bytes=size, repackable=repackable(exported))
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -741,13 +736,6 @@ def auto_weights(spec: ModelSpec, size: int) -> str:
     return "mapped" if spec.device == "cpu" and size >= AUTO_MAPPED_FROM else "embedded"
 
 
-def packed_weights_cannot_map(weights: str) -> str:
-    return (
-        f"`cpp.weight_prepack` packs the weights into oneDNN tensors that only the library can hold, not "
-        f'`weights = "{weights}"`: use `weights = "embedded"` (or `auto`), or leave `cpp.weight_prepack` unset'
-    )
-
-
 def processes(misses: list[Miss], jobs: int) -> list[list[str]]:
     """The labels each process compiles, the coordinator's first, at most ``jobs`` processes in all.
 
@@ -781,14 +769,18 @@ CANNOT_SHARE = (
 )
 
 
-def packs_weights(configs: dict[str, Any]) -> bool:
-    """Whether a compile prepacks weights for oneDNN.
+def repackable(exported: Any) -> bool:
+    """Whether the weights Inductor packs for oneDNN can ship as the dense tensors they come from:
+    not those of transposed convolutions (packed with their channels swapped) or quantized ones."""
+    import torch
 
-    Inductor registers its weight-packing passes once per process, at the first freezing
-    compile, as that compile's settings say; so models that pack and models that do not
-    never share a process (models of one kind do).
-    """
-    return bool(configs.get("freezing")) and bool(configs.get("cpp.weight_prepack", True))
+    for node in exported.graph.nodes:
+        name = str(node.target)
+        if "conv_transpose" in name or "quantize" in name or "onednn" in name:
+            return False
+        if node.target is torch.ops.aten.convolution.default and len(node.args) > 6 and node.args[6]:
+            return False
+    return True
 
 
 def weights_size(exported: Any) -> int:
