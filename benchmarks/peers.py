@@ -13,7 +13,7 @@ for the second peer):
 
     .venv-test/bin/python benchmarks/peers.py                # the defaults
     .venv-test/bin/python benchmarks/peers.py --tune         # tune = true
-    .venv-test/bin/python benchmarks/peers.py --optimize host  # weights prepacked for this CPU
+    .venv-test/bin/python benchmarks/peers.py --optimize host  # compiled for this CPU
     .venv-test/bin/python benchmarks/peers.py --models bert,resnet50 --threads 2 --rounds 5
 """
 

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 CHECKED_ON = ("2.13.0", "2.14.1")
 
@@ -135,54 +135,82 @@ def _prefix_maps(maps: dict[str, str]) -> list[str]:
     return out
 
 
+class Packing(NamedTuple):
+    """One packed tensor Inductor folded: the dense tensor it came from (None where it did not come
+    from one alone), the op (None for ops that pack several at once) and the op's other arguments."""
+
+    packed: Any
+    dense: Any
+    op: str | None
+    args: list[Any] | None
+
+
 class PackedWeights:
     """Weights Inductor packs for oneDNN while it freezes a model, shipped instead as the dense tensors
     they are packed from: oneDNN picks a packed layout for the CPU at hand, so the loader packs them
     again where the model runs (``replays``: each constant's packing op and its other arguments).
-
-    It records each packing that ``ConstantFolder.run_node`` folds, and ``graph_pass`` (a
-    ``post_grad_custom_post_pass``) puts the dense tensor back in place of each packed constant.
     """
 
     def __init__(self, repacked: frozenset[str]) -> None:
         self.repacked = repacked
         self.replays: dict[str, dict[str, Any]] = {}
-        self.made: dict[int, tuple[Any, Any, str | None, list[Any] | None]] = {}  # id(packed): packed, dense, op, args
+        self.made: dict[int, Packing] = {}  # by id of the packed tensor
 
     def record(self, node: Any, args: tuple[Any, ...], out: Any) -> None:
+        """What a folded node packed, if it packed anything, and from what."""
         import torch
 
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         if not outs or not all(isinstance(o, torch.Tensor) and o.is_mkldnn for o in outs):
             return
         op = getattr(getattr(node.target, "_overloadpacket", node.target), "_qualified_op_name", None)
-        count = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
-        dense, rest = list(args[:count]), list(args[count:])
-        plain = len(dense) == len(outs) and not any(isinstance(a, torch.Tensor) for a in rest)
-        for i, packed in enumerate(outs):  # an op's list of packed tensors: each from its own dense one
-            if id(packed) not in self.made:  # a ``getitem`` of the list keeps the op's record
-                one = plain and len(outs) == 1
-                self.made[id(packed)] = (packed, dense[i] if plain else None, op if one else None, _json_args(rest))
+        leading = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
+        sources, rest = list(args[:leading]), list(args[leading:])
+        one_each = len(sources) == len(outs) and not any(isinstance(a, torch.Tensor) for a in rest)
+        for i, packed in enumerate(outs):
+            if id(packed) in self.made:  # a ``getitem`` of an op's list keeps the op's record
+                continue
+            dense = sources[i] if one_each and not sources[i].is_mkldnn else None
+            self.made[id(packed)] = Packing(packed, dense, op if len(outs) == 1 else None, _json_args(rest))
 
     def unpack(self, gm: Any) -> None:
-        """Each packed constant of ``gm`` replaced by the dense tensor it was packed from."""
-        for node in gm.graph.find_nodes(op="get_attr"):
-            owner, _, attr = node.target.rpartition(".")
-            holder = gm.get_submodule(owner) if owner else gm
-            value = getattr(holder, attr, None)
+        """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
+        tensor that is also a constant of its own, or packed twice, is not packed again at load:
+        the library may hold it once, for every use."""
+        plain = {id(v) for _, _, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
+        for name, holder, value in _constants(gm):
             if not getattr(value, "is_mkldnn", False):
                 continue
-            packed, dense, op, args = self.made.get(id(value), (None, None, None, None))
-            if packed is not value or dense is None or dense.shape != value.shape or dense.dtype != value.dtype:
+            found = self.made.get(id(value)) or Packing(None, None, None, None)
+            dense = found.dense if found.packed is value else None
+            if dense is None or dense.shape != value.shape or dense.dtype != value.dtype:
                 raise RuntimeError(
-                    f"Inductor packed weight {node.target} for oneDNN ({op or 'an unknown op'}) in a way "
-                    "hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
+                    f"Inductor packed weight {name} for oneDNN ({found.op or 'an unknown op'}) in a "
+                    "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
-            setattr(holder, attr, dense)
-            if op in self.repacked and args is not None:
-                self.replays[node.target] = {"op": op, "args": args}
+            setattr(holder, name.rpartition(".")[2], dense)
+            if found.op in self.repacked and found.args is not None and id(dense) not in plain:
+                self.replays[name] = {"op": found.op, "args": found.args}
+            plain.add(id(dense))
         self.made.clear()  # the packed tensors, no longer in the graph
+
+    def check(self) -> None:
+        """Raise where Inductor packed weights and the pass that unpacks them never ran."""
+        if self.made:
+            raise RuntimeError(
+                "Inductor packed weights for oneDNN, and this torch never ran the pass that ships them "
+                "dense (`post_grad_custom_post_pass`); set `cpp.weight_prepack = false` in the model's "
+                "inductor-configs"
+            )
+
+
+def _constants(gm: Any) -> Iterator[tuple[str, Any, Any]]:
+    """Each ``get_attr`` of ``gm``: its name, the module holding it, its value."""
+    for node in gm.graph.find_nodes(op="get_attr"):
+        owner = node.target.rpartition(".")[0]
+        holder = gm.get_submodule(owner) if owner else gm
+        yield node.target, holder, getattr(holder, node.target.rpartition(".")[2], None)
 
 
 def _json_args(args: list[Any]) -> list[Any] | None:
@@ -203,9 +231,9 @@ def _json_args(args: list[Any]) -> list[Any] | None:
 
 @contextlib.contextmanager
 def packed_weights(repacked: frozenset[str]) -> Iterator[PackedWeights]:
-    """Record the packings Inductor folds while frozen (``constant_folding.ConstantFolder.run_node``)
-    and set the pass that unpacks them (``config.post_grad_custom_post_pass``). A torch without the
-    folder fails its first packed model with the message of :meth:`PackedWeights.unpack`."""
+    """Record the packings Inductor folds while it freezes (``constant_folding.ConstantFolder.run_node``)
+    and set the pass that unpacks them (``config.post_grad_custom_post_pass``); a torch that packs
+    elsewhere, or never runs the pass, fails the compile with a message (see :meth:`PackedWeights.check`)."""
     from torch._inductor import config
     from torch._inductor.constant_folding import ConstantFolder
     from torch._inductor.custom_graph_pass import CustomGraphPass

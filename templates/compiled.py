@@ -540,12 +540,12 @@ class _CompiledModel:
         try:
             self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
+            constants = self._runner.get_constant_names_to_original_fqns()
             if "weights" in entry:
-                self._weights = _mapped_weights(
-                    torch, self.name, entry, self._runner.get_constant_names_to_original_fqns()
-                )
-            packed = _packed(torch, self.name, entry, self._weights, self._file, self._runner)
-            if self._weights is not None or packed:
+                self._weights = _mapped_weights(torch, self.name, entry, constants)
+            packing = {c: how for c, how in entry.get("packing", {}).items() if c in constants}
+            packed = _packed(torch, self.name, packing, self._dense) if packing else {}
+            if self._weights is not None or packed:  # the mapped weights, the packed ones in their place
                 self._weights = {**(self._weights or {}), **packed}
                 self._runner.update_constant_buffer(self._weights, False, "weights" in entry, True)  # no copy
             return self._runner.get_call_spec()
@@ -560,6 +560,18 @@ class _CompiledModel:
             self._runner = _public_runner(self.name, entry)
             self._run = self._runner.loader.boxed_run
             return self._runner.loader.get_call_spec()
+
+    def _dense(self) -> tuple[dict[str, Any], Any]:
+        """The model's constants as shipped, and what holds them: the mapped weights, else the library's,
+        read through a runner of torch's (a second one where the loader's own is not)."""
+        if self._weights is not None:
+            return self._weights, None
+        import torch
+
+        runner = self._runner
+        if not hasattr(runner, "extract_constants_map"):
+            runner = torch._C._aoti.AOTIModelContainerRunnerCpu(self._file, 1)
+        return runner.extract_constants_map(False), runner
 
     def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Tensor inputs in the compiled order, after checking the call's structure."""
@@ -616,21 +628,12 @@ class _CompiledModel:
         raise AssertionError("no input was rejected")
 
 
-def _packed(torch: Any, name: str, entry: Entry, weights: Any, so_path: str, runner: Any) -> dict[str, Any]:
+def _packed(torch: Any, name: str, packing: dict[str, Any], dense: Callable[[], tuple[Any, Any]]) -> dict[str, Any]:
     """The convolution weights packed into oneDNN's layouts for this CPU, by constant name: the wheel
     ships them dense, and oneDNN would otherwise reorder them on every call. A torch that cannot pack
     them runs them dense, with a warning."""
-    packing = entry.get("packing")
-    if not packing:
-        return {}
     try:
-        if weights is None:  # in the library: read through a runner of torch's, while it holds them
-            source = (
-                runner
-                if hasattr(runner, "extract_constants_map")
-                else torch._C._aoti.AOTIModelContainerRunnerCpu(so_path, 1)
-            )
-            weights = source.extract_constants_map(False)
+        weights, _owner = dense()  # the owner keeps them alive while they are packed
         return {constant: _op(torch, how["op"])(weights[constant], *how["args"]) for constant, how in packing.items()}
     except Exception as exc:  # the dense weights run everywhere, only slower
         warnings.warn(

@@ -159,6 +159,10 @@ MODELS = """
             nn.Conv2d(32, 16, 3), nn.Flatten(), nn.Linear(16 * 14 * 14, 2800),  # 35 MB: mapped
         ).eval()
 
+    def small():  # its weights stay in the library
+        torch.manual_seed(0)
+        return net()[:4]
+
     def upsample():
         torch.manual_seed(0)
         return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 3)).eval()
@@ -173,6 +177,10 @@ HOOK = """
     factory = "hostpkg.models:net"
     inputs = [{ shape = [2, 3, 16, 16] }]
 
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.small]
+    factory = "hostpkg.models:small"
+    inputs = [{ shape = [2, 3, 16, 16] }]
+
     [tool.hatch.build.targets.wheel.hooks.aoti.models.upsample]
     factory = "hostpkg.models:upsample"
     inputs = [{ shape = [2, 3, 16, 16] }]
@@ -181,7 +189,7 @@ PACKED_CONV = b"aoti_torch_cpu_mkldnn__convolution_pointwise"
 #: oneDNN's words for reordering a tensor of one of ``net``'s convolution weights' shapes.
 WEIGHT_REORDER = re.compile(r",reorder,.*,(32x3x3x3|16x32x3x3),")
 CALLS = """
-    import ctypes, os, sys
+    import ctypes, os, sys, threading
     os.environ["ONEDNN_VERBOSE"] = "1"  # read when oneDNN first runs
     sys.path.insert(0, {site!r})  # the wheel, its models module included
     import torch
@@ -193,7 +201,16 @@ CALLS = """
         os.write(1, text.encode() + b"\\n")
 
     x = torch.load({x!r})
-    torch.save({{n: compiled.load(n)(x) for n in ("host", "portable", "upsample")}}, {y!r})
+    torch.save({{n: compiled.load(n)(x) for n in ("host", "portable", "small", "upsample")}}, {y!r})
+    small, same = compiled.load("small"), []  # calls at once: containers made later get the packed weights too
+
+    def call():
+        same.extend(torch.equal(small(x), small(x)) for _ in range(20))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    mark(f"SAME {{len(same)}} {{all(same)}}")
     eager = net()
     with torch.no_grad():
         eager(x)  # oneDNN's own first-call work done
@@ -201,6 +218,7 @@ CALLS = """
         eager(x)
         mark("COMPILED")
         compiled.load("portable")(x)
+        compiled.load("small")(x)
         mark("END")
 """
 
@@ -221,8 +239,8 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
         manifest = json.loads(zf.read("hostpkg/_aoti/manifest.json"))["models"]
     libraries = {name: next((site / "hostpkg" / "_aoti" / name).rglob("*.so")).read_bytes() for name in manifest}
     assert manifest["host"]["cpu"]["target"] == "native" and manifest["portable"]["cpu"]["target"] == "x86-64-v3"
-    for name in ("host", "portable"):
-        assert PACKED_CONV in libraries[name] and "weights" in manifest[name], "packed weights are mapped as any"
+    for name in ("host", "portable", "small"):
+        assert PACKED_CONV in libraries[name] and ("weights" in manifest[name]) == (name != "small"), name
         assert manifest[name]["inductor_configs"]["cpp.weight_prepack"] is True
         packing = manifest[name]["packing"]
         assert [p["op"] for p in packing.values()] == ["mkldnn::_reorder_convolution_weight"] * 2, packing
@@ -230,7 +248,7 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     assert upsampling["inductor_configs"]["cpp.weight_prepack"] is False and "packing" not in upsampling
     sys.path.insert(0, str(project))
     try:
-        from hostpkg.models import net, upsample
+        from hostpkg.models import net, small, upsample
     finally:
         sys.path.remove(str(project))
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
@@ -238,10 +256,11 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     paths = {"site": str(site), "x": str(tmp_path / "x.pt"), "y": str(tmp_path / "y.pt")}
     shown = runtime.run(CALLS.format(**paths)).stdout
     with torch.no_grad():
-        expected = {"host": net()(x), "portable": net()(x), "upsample": upsample()(x)}
+        expected = {"host": net()(x), "portable": net()(x), "small": small()(x), "upsample": upsample()(x)}
     for name, y in torch.load(tmp_path / "y.pt").items():
         assert type(y) is torch.Tensor, name
         torch.testing.assert_close(y, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert "SAME 40 True" in shown, shown[-2000:]
     eager_call, compiled_call = shown.split("EAGER\n", 1)[1].split("END\n", 1)[0].split("COMPILED\n")
     assert WEIGHT_REORDER.search(eager_call), "eager reorders its dense convolution weights on every call"
     assert not WEIGHT_REORDER.search(compiled_call), compiled_call

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,50 @@ def test_every_private_touch_works_on_the_next_torch(torch_next_envs: Path) -> N
 
     assert TORCH_NEXT in _torch_private.CHECKED_ON
     assert probe(str(torch_next_envs / f"torch-{TORCH_NEXT}" / "bin" / "python")) == expected(TORCH_NEXT)
+
+
+def _folded(transposed: bool = False, shared: bool = False) -> tuple[torch.fx.GraphModule, Any]:
+    """A graph as Inductor's packing leaves it, frozen under :func:`packed_weights`."""
+    from torch._inductor.constant_folding import constant_fold
+
+    graph, mkldnn = torch.fx.Graph(), torch.ops.mkldnn
+    x, w = graph.placeholder("x"), graph.get_attr("w")
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    if transposed:  # padding, output padding, stride, dilation, groups, input size
+        swapped = (w, [0, 0], [0, 0], [1, 1], [1, 1], 1, [1, 3, 8, 8])
+        packed_w = graph.call_function(mkldnn._reorder_convolution_transpose_weight, swapped)
+        conv = (x, packed_w, None, [0, 0], [0, 0], [1, 1], [1, 1], 1, "none", [], "")
+        out = graph.call_function(mkldnn._convolution_transpose_pointwise, conv)
+    else:
+        packed_w = graph.call_function(mkldnn._reorder_convolution_weight, (w, *args, [1, 3, 8, 8]))
+        out = graph.call_function(mkldnn._convolution_pointwise, (x, packed_w, None, *args, "none", [], ""))
+    graph.output((out, w) if shared else out)
+    root = torch.nn.Module()
+    root.register_buffer("w", torch.randn(3, 8, 3, 3) if transposed else torch.randn(8, 3, 3, 3))
+    gm = torch.fx.GraphModule(root, graph)
+    with _torch_private.packed_weights(frozenset({"mkldnn::_reorder_convolution_weight"})) as packed:
+        constant_fold(gm)
+        torch._inductor.config.post_grad_custom_post_pass(gm.graph)
+    return gm, packed
+
+
+def test_a_weight_packed_with_its_channels_swapped_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="cannot ship portably; set `cpp.weight_prepack = false`"):
+        _folded(transposed=True)
+
+
+def test_a_dense_weight_that_is_also_a_constant_of_its_own_is_not_packed_again() -> None:
+    gm, packed = _folded(shared=True)
+    assert not any(getattr(gm, n.target).is_mkldnn for n in gm.graph.find_nodes(op="get_attr"))
+    assert packed.replays == {}, "the library holds that tensor once, for its plain use too"
+    _, packed = _folded()
+    assert list(packed.replays.values()) == [
+        {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}
+    ]
+
+
+def test_packed_weights_that_the_pass_never_saw_fail_the_compile() -> None:
+    packed = _torch_private.PackedWeights(frozenset())
+    packed.made[0] = _torch_private.Packing(None, None, None, None)
+    with pytest.raises(RuntimeError, match="never ran the pass"):
+        packed.check()

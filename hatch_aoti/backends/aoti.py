@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +107,6 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     have fixed names, and Inductor reuses a library it finds under the same name, which
     would be another model's when two models share their graph code (layers of other sizes).
     """
-    import contextlib
     import shutil
 
     import torch
@@ -126,6 +126,8 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
                 torch._inductor.aoti_compile_and_package(
                     exported, package_path=str(pt2), inductor_configs=dict(configs)
                 )
+        if packed is not None:
+            packed.check()
         entry = unpack_pt2(pt2, out_dir)
         if packed is not None and packed.replays:
             entry["packing"] = dict(sorted(packed.replays.items()))

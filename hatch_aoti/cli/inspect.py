@@ -67,6 +67,7 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "weights": "external" if external else "mapped" if "weights" in entry else "in the library",
         "weights_source": machine.weights_source(target, name) if external else None,
         "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
+        "packed_at_load": len(entry.get("packing", {})),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
         "needs": entry.get("needs", {}),
@@ -118,7 +119,9 @@ def show(data: dict[str, Any], out: Output) -> None:
     for name, m in data["models"].items():
         out.line(f"{name}:", style="bold")
         out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
-        out.line(f"  weights {m['weights']}; kernel profiling {'compiled in' if m['kernel_profile'] else 'off'}")
+        packed = f"; {m['packed_at_load']} packed for the CPU at load" if m["packed_at_load"] else ""
+        profiling = "compiled in" if m["kernel_profile"] else "off"
+        out.line(f"  weights {m['weights']}{packed}; kernel profiling {profiling}")
         out.line(f"  verified at build: {_verified(m['verification'])}")
         source = m["weights_source"]
         if source:

@@ -765,7 +765,7 @@ def mixes_packing(misses: list[Miss]) -> bool:
 CANNOT_SHARE = (
     "its exported program could not be saved for a compile process of its own, and it cannot be compiled "
     "beside this build's other models: one prepacks weights and the other does not, which Inductor decides "
-    "once per process; build it on its own, or give the models the same `optimize`"
+    "once per process; build it on its own, or give the models the same `cpp.weight_prepack`"
 )
 
 
