@@ -15,6 +15,8 @@ for the second peer):
     .venv-test/bin/python benchmarks/peers.py --tune         # tune = true
     .venv-test/bin/python benchmarks/peers.py --optimize host  # compiled for this CPU
     .venv-test/bin/python benchmarks/peers.py --models bert,resnet50 --threads 2 --rounds 5
+    # each model also built with other settings, timed beside the defaults as `against`:
+    .venv-test/bin/python benchmarks/peers.py --against '{ "cpp.weight_prepack" = false }'
 """
 
 from __future__ import annotations
@@ -102,16 +104,22 @@ MODEL_TABLE = """
 factory = "peerpkg.models:{name}"
 inputs = [{{ shape = {shape}, dtype = "{dtype}"{high} }}]
 """
+AGAINST = '\n[tool.hatch.build.targets.wheel.hooks.aoti.models.{name}_against]\nfactory = "peerpkg.models:{name}"\n'
 
 
-def build(models: list[str], tune: bool, optimize: str, work: Path) -> tuple[Path, float, str]:
-    """The wheel of ``models``, unpacked into ``work/site``; the build's seconds and output."""
+def build(models: list[str], tune: bool, optimize: str, against: str | None, work: Path) -> tuple[Path, float, str]:
+    """The wheel of ``models`` (and each again with the ``against`` inductor-configs), unpacked into
+    ``work/site``; the build's seconds and output."""
     project = work / "project"
     (project / "peerpkg").mkdir(parents=True)
     tables = [PYPROJECT, TABLE.format(tune=str(tune).lower(), optimize=optimize)]
     for name in models:
         shape, dtype, high = INPUTS[name]
-        tables.append(MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else ""))
+        table = MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else "")
+        tables.append(table)
+        if against:
+            inputs = table.splitlines()[-1]
+            tables.append(AGAINST.format(name=name) + f"{inputs}\ninductor-configs = {against}\n")
     (project / "pyproject.toml").write_text("".join(tables), encoding="utf-8")
     (project / "peerpkg" / "__init__.py").write_text("", encoding="utf-8")
     (project / "peerpkg" / "models.py").write_text(textwrap.dedent(MODELS), encoding="utf-8")
@@ -211,6 +219,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune", action="store_true", help="build with tune = true")
     parser.add_argument("--optimize", choices=("portable", "host"), default="portable", help="the table's optimize")
+    parser.add_argument("--against", help="inductor-configs (TOML inline table) of a second build of each model")
     args = parser.parse_args()
     models = args.models.split(",")
     import torch
@@ -219,8 +228,9 @@ def main() -> None:
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
     with tempfile.TemporaryDirectory(prefix="hatch-aoti-peers-") as tmp:
         work = Path(tmp)
-        site, seconds, log = build(models, args.tune, args.optimize, work)
+        site, seconds, log = build(models, args.tune, args.optimize, args.against, work)
         settings = f"tune = {str(args.tune).lower()}, optimize = {args.optimize}"
+        settings += f"; against: inductor-configs = {args.against}" if args.against else ""
         print(f"built {len(models)} models in {seconds:.0f} s ({settings})")
         for line in log.splitlines():
             if line.startswith("aoti:") and any(w in line for w in ("tune", "candidate", "compiled")):
@@ -237,8 +247,10 @@ def main() -> None:
             model = compiled.load(name)
             with torch.no_grad():
                 torch.testing.assert_close(model(x), module(x), rtol=1e-3, atol=1e-3)
+            other = compiled.load(f"{name}_against") if args.against else None
             calls = {
                 "compiled": lambda model=model, x=x: model(x),
+                **({"against": lambda other=other, x=x: other(x)} if other else {}),
                 "eager": lambda module=module, x=x: module(x),
                 **peers(name, module, x, args.threads, work),
             }
@@ -260,6 +272,7 @@ def main() -> None:
                     "threads": args.threads,
                     "tune": args.tune,
                     "optimize": args.optimize,
+                    "against": args.against,
                     "ms": {n: {k: v * 1e3 for k, v in m.items()} for n, m in rows},
                     "geomean": {p: geomean(v) for p, v in ratios.items()},
                 }

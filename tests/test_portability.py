@@ -147,6 +147,18 @@ def test_isa_check_refuses_another_architecture(loader) -> None:
     assert problem.startswith("was built for x86_64 CPUs") and problem.endswith("this machine is aarch64")
 
 
+def test_weights_the_loader_cannot_pack_run_dense_with_a_warning(loader) -> None:
+    import torch
+
+    def dense():
+        return {"w": torch.ones(8, 3, 3, 3)}, None
+
+    good = {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}}
+    assert loader._packed(torch, "m", good, dense)["w"].is_mkldnn
+    with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its convolution weights for this CPU"):
+        assert loader._packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense) == {}
+
+
 def test_loader_keyerror_lists_known_names(loader) -> None:
     with pytest.raises(KeyError, match="known models: none"):
         loader.load("missing")
