@@ -186,6 +186,7 @@ def test_wheel_defaults_then_target_then_user_configs() -> None:
     fixed = {
         "cpp.dynamic_threads": True,
         "aot_inductor.model_name_for_generated_files": "model",
+        "size_asserts": False,
         "cpp.vec_isa_ok": True,
     }
     assert inductor_configs(plain.inductor_configs, resolve(plain.cpu_target)) == {

@@ -35,7 +35,10 @@ class AotiBackend(Backend):
 #:   kernels (one thread: no parallel loops at all), so the library would run with the
 #:   build machine's parallelism everywhere, and its bytes would depend on it;
 #: - a fixed name for the generated files, which are otherwise named by a digest that
-#:   includes the build's paths.
+#:   includes the build's paths;
+#: - no size asserts: they run only under ``AOTI_RUNTIME_CHECK_INPUTS``, and with weight
+#:   prepacking they name Inductor's fusion functions by their memory address, so two
+#:   builds of one model would differ.
 #: ``inductor-configs`` can change any of them.
 #: ``weights = "mapped"`` (CPU models): the weights stay out of the library, in a file the
 #: loader maps instead of copying (see ``pt2.py``).
@@ -85,6 +88,7 @@ WHEEL_DEFAULTS: dict[str, Any] = {
     "aot_inductor.enable_line_tables": False,
     "cpp.dynamic_threads": True,
     "aot_inductor.model_name_for_generated_files": "model",
+    "size_asserts": False,
 }
 
 
