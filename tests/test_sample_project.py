@@ -249,9 +249,10 @@ def test_default_target_has_no_avx512_instructions(sample_dists: tuple[Path, Pat
     objdump = shutil.which("objdump")
     assert objdump, "objdump (binutils) is needed for this check"
     libraries, manifest = extract_libraries(sample_dists[1], tmp_path)
-    for name in libraries:
-        listing = run([objdump, "-d", "--no-show-raw-insn", str(tmp_path / name)]).stdout
-        assert "ymm" in listing, "expected AVX2 code: the check would be vacuous otherwise"
+    listings = {name: run([objdump, "-d", "--no-show-raw-insn", str(tmp_path / name)]).stdout for name in libraries}
+    # a model of oneDNN calls alone (mlp's linear layers, prepacked) has no vector code of its own
+    assert any("ymm" in listing for listing in listings.values()), "expected AVX2 code: the check would be vacuous"
+    for name, listing in listings.items():
         assert "zmm" not in listing, f"{name} uses AVX-512 registers"
     for entry in manifest["models"].values():
         assert entry["cpu"]["target"] == "x86-64-v3" and "avx2" in entry["cpu"]["features"]

@@ -370,7 +370,7 @@ class Coordinator:
         loader = self.staged_loader({miss.label: entry})
         try:
             compiled = loader.load(miss.label)
-            if getattr(compiled, "weights", None):
+            if "weights" in entry and getattr(compiled, "weights", None):  # mapped, not only packed at load
                 use_module_weights(miss.model.module, compiled, self.artifacts / miss.label, entry["weights"])
             plan = miss.model.plan
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
@@ -659,6 +659,8 @@ def use_module_weights(module: Any, compiled: Any, directory: Path, weights: dic
     with (directory / weights["file"]).open("rb") as blob:
         storages = _StorageOwners(module.parameters(), blob)  # not buffers: the model may write them
         for constant, mapped in compiled.weights.items():
+            if mapped.is_mkldnn:
+                continue  # packed at load from a constant Inductor made: no module tensor holds it
             fqn = fqns.get(constant, "")
             own = owners.get(fqn)
             if own is None or (own.shape, own.stride(), own.dtype) != (mapped.shape, mapped.stride(), mapped.dtype):
