@@ -177,8 +177,8 @@ class PackedWeights:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
         tensor that is also a constant of its own, or packed twice, is not packed again at load:
         the library may hold it once, for every use."""
-        plain = {id(v) for _, _, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
-        for name, holder, value in _constants(gm):
+        plain = {id(v) for *_, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
+        for name, holder, attr, value in _constants(gm):
             if not getattr(value, "is_mkldnn", False):
                 continue
             found = self.made.get(id(value)) or Packing(None, None, None, None)
@@ -189,7 +189,7 @@ class PackedWeights:
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
-            setattr(holder, name.rpartition(".")[2], dense)
+            setattr(holder, attr, dense)
             if found.op in self.repacked and found.args is not None and id(dense) not in plain:
                 self.replays[name] = {"op": found.op, "args": found.args}
             plain.add(id(dense))
@@ -205,12 +205,12 @@ class PackedWeights:
             )
 
 
-def _constants(gm: Any) -> Iterator[tuple[str, Any, Any]]:
-    """Each ``get_attr`` of ``gm``: its name, the module holding it, its value."""
+def _constants(gm: Any) -> Iterator[tuple[str, Any, str, Any]]:
+    """Each ``get_attr`` of ``gm``: its name, the module holding it, its name there, its value."""
     for node in gm.graph.find_nodes(op="get_attr"):
-        owner = node.target.rpartition(".")[0]
+        owner, _, attr = node.target.rpartition(".")
         holder = gm.get_submodule(owner) if owner else gm
-        yield node.target, holder, getattr(holder, node.target.rpartition(".")[2], None)
+        yield node.target, holder, attr, getattr(holder, attr, None)
 
 
 def _json_args(args: list[Any]) -> list[Any] | None:

@@ -540,7 +540,9 @@ class _CompiledModel:
         try:
             self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
-            constants = self._runner.get_constant_names_to_original_fqns()
+            # read only where needed: a load of weights in the library, packed nowhere, stays as it was
+            needs_names = "weights" in entry or "packing" in entry
+            constants = self._runner.get_constant_names_to_original_fqns() if needs_names else {}
             if "weights" in entry:
                 self._weights = _mapped_weights(torch, self.name, entry, constants)
             packing = {c: how for c, how in entry.get("packing", {}).items() if c in constants}
