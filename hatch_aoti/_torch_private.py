@@ -176,8 +176,10 @@ class PackedWeights:
     def unpack(self, gm: Any) -> None:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
         tensor that is also a constant of its own, or packed twice, is not packed again at load:
-        the library may hold it once, for every use."""
+        the library may hold it once, for every use. A strided one (a transposed weight) ships
+        contiguous."""
         plain = {id(v) for *_, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
+        copies: dict[int, Any] = {}  # by id of a strided source: its one contiguous copy
         for name, holder, attr, value in _constants(gm):
             if not getattr(value, "is_mkldnn", False):
                 continue
@@ -189,6 +191,10 @@ class PackedWeights:
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
+            if not dense.is_contiguous():  # a transposed weight: the library would copy it on every call
+                if id(dense) not in copies:
+                    copies[id(dense)] = dense.contiguous()
+                dense = copies[id(dense)]
             setattr(holder, attr, dense)
             if found.op in self.repacked and found.args is not None and id(dense) not in plain:
                 self.replays[name] = {"op": found.op, "args": found.args}
@@ -245,7 +251,7 @@ def packed_weights(repacked: frozenset[str]) -> Iterator[PackedWeights]:
             packed.unpack(graph.owning_module)
 
         def uuid(self) -> Any:
-            return "hatch-aoti-unpack-1"
+            return "hatch-aoti-unpack-2"
 
     run_node = ConstantFolder.run_node
 

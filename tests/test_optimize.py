@@ -152,11 +152,20 @@ MODELS = """
     import torch
     from torch import nn
 
+    class Conv1D(nn.Module):  # transformers' (GPT-2): a linear layer with its weight kept as (in, out)
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.randn(2800, 8) / 50), nn.Parameter(torch.zeros(8))
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x, self.weight)
+
     def net():
         torch.manual_seed(0)
         return nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
             nn.Conv2d(32, 16, 3), nn.Flatten(), nn.Linear(16 * 14 * 14, 2800),  # 35 MB: mapped
+            Conv1D(),
         ).eval()
 
     def small():  # its weights stay in the library
@@ -244,6 +253,9 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
         assert manifest[name]["inductor_configs"]["cpp.weight_prepack"] is True
         packing = manifest[name]["packing"]
         assert [p["op"] for p in packing.values()] == ["mkldnn::_reorder_convolution_weight"] * 2, packing
+    # Conv1D's weight, packed as its transpose, ships contiguous: the library would copy it per call.
+    (conv1d,) = [t for t in manifest["portable"]["weights"]["tensors"].values() if t["shape"] == [8, 2800]]
+    assert conv1d["stride"] == [2800, 1], conv1d
     upsampling = manifest["upsample"]
     assert upsampling["inductor_configs"]["cpp.weight_prepack"] is False and "packing" not in upsampling
     sys.path.insert(0, str(project))

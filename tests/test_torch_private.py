@@ -161,6 +161,28 @@ def test_a_dense_weight_that_is_also_a_constant_of_its_own_is_not_packed_again()
     ]
 
 
+def test_a_linear_weight_packed_from_its_transpose_ships_contiguous() -> None:
+    """transformers' Conv1D (GPT-2) keeps its weight as (in, out): the library would copy a strided
+    constant on every call."""
+    from torch._inductor.constant_folding import constant_fold
+
+    graph, mkldnn = torch.fx.Graph(), torch.ops.mkldnn
+    x, w = graph.placeholder("x"), graph.get_attr("w")
+    transposed = graph.call_function(torch.ops.aten.permute.default, (w, [1, 0]))
+    packed_w = graph.call_function(mkldnn._reorder_linear_weight, (transposed, 4))
+    graph.output(graph.call_function(mkldnn._linear_pointwise, (x, packed_w, None, "none", [], "")))
+    root = torch.nn.Module()
+    root.register_buffer("w", torch.randn(16, 8))
+    gm = torch.fx.GraphModule(root, graph)
+    with _torch_private.packed_weights(frozenset()) as packed:
+        constant_fold(gm)
+        torch._inductor.config.post_grad_custom_post_pass(gm.graph)
+    (node,) = gm.graph.find_nodes(op="get_attr")
+    shipped = getattr(gm, node.target)
+    assert not shipped.is_mkldnn and shipped.is_contiguous() and packed.replays == {}
+    torch.testing.assert_close(shipped, root.w.t(), rtol=0, atol=0)
+
+
 def test_packed_weights_that_the_pass_never_saw_fail_the_compile() -> None:
     packed = _torch_private.PackedWeights(frozenset())
     packed.made[0] = _torch_private.Packing(None, None, None, None)
