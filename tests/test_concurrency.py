@@ -34,14 +34,17 @@ MODELS = """
     def {own}():
         return _net({seed}, 5)
 """
+#: Packed as real-size models are by default: their wheels must be reproducible too.
 HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.shared]
     factory = "{pkg}.models:shared"
     inputs = [{{ shape = [2, 4] }}]
+    inductor-configs = {{ "cpp.weight_prepack" = true }}
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.{own}]
     factory = "{pkg}.models:{own}"
     inputs = [{{ shape = [2, 5] }}]
+    inductor-configs = {{ "cpp.weight_prepack" = true }}
 """
 
 

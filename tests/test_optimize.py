@@ -72,15 +72,15 @@ def test_host_models_map_their_weights_as_any() -> None:
     assert (found["a"].weights, found["b"].weights) == ("mapped", "auto")
 
 
-def test_weights_are_packed_unless_they_cannot_ship_dense() -> None:
+def test_weights_are_packed_unless_they_cannot_ship_dense_or_their_ops_are_small() -> None:
     import torch
 
     from hatch_aoti.backends.aoti import AotiBackend, packs_weights
     from hatch_aoti.settings.cpu_targets import resolve
 
     host, portable = specs({"models": {"h": {**MODEL, "optimize": "host"}, "p": MODEL}}).values()
-    conv = torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.ones(1, 3, 8, 8),))
-    transposed = torch.export.export(torch.nn.ConvTranspose2d(3, 4, 3), (torch.ones(1, 3, 8, 8),))
+    conv = torch.export.export(torch.nn.Conv2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))  # 108M multiply-adds
+    transposed = torch.export.export(torch.nn.ConvTranspose2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))
     backend = AotiBackend()
     for spec, cpu in ((host, resolve("native")), (portable, resolve("x86-64-v3"))):
         plain, swapped = Coordinator.with_weights(spec, conv), Coordinator.with_weights(spec, transposed)
@@ -89,6 +89,10 @@ def test_weights_are_packed_unless_they_cannot_ship_dense() -> None:
         assert packs_weights(backend.settings({}, cpu, plain))
         assert not packs_weights(backend.settings({}, cpu, swapped)), "transposed convolutions pack channels swapped"
         assert packs_weights(backend.settings({"cpp.weight_prepack": True}, cpu, swapped)), "the user's say wins"
+    small = Coordinator.with_weights(portable, torch.export.export(torch.nn.Linear(128, 256), (torch.ones(4, 128),)))
+    assert small.weighted_macs == 4 * 128 * 256 and small.repackable
+    assert not packs_weights(backend.settings({}, resolve("x86-64-v3"), small)), "oneDNN's cost per call outweighs it"
+    assert packs_weights(backend.settings({"cpp.weight_prepack": True}, resolve("x86-64-v3"), small))
     big = dataclasses.replace(Coordinator.with_weights(portable, conv), weights_bytes=2**30)
     assert not backend.settings({}, resolve("x86-64-v3"), big)["freezing"]
     assert backend.settings({}, resolve("native"), dataclasses.replace(big, optimize="host"))["freezing"]
@@ -177,18 +181,22 @@ MODELS = """
         return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 3)).eval()
 """
 HOOK = """
+    # Packed as real-size models are by default: these ops are too small for the default to.
     [tool.hatch.build.targets.wheel.hooks.aoti.models.host]
     factory = "hostpkg.models:net"
     inputs = [{ shape = [2, 3, 16, 16] }]
     optimize = "host"
+    inductor-configs = { "cpp.weight_prepack" = true }
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.portable]
     factory = "hostpkg.models:net"
     inputs = [{ shape = [2, 3, 16, 16] }]
+    inductor-configs = { "cpp.weight_prepack" = true }
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.small]
     factory = "hostpkg.models:small"
     inputs = [{ shape = [2, 3, 16, 16] }]
+    inductor-configs = { "cpp.weight_prepack" = true }
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.upsample]
     factory = "hostpkg.models:upsample"

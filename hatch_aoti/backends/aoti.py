@@ -52,7 +52,12 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   build time; the wheel ships those constants instead of the state dict;
 #: - weight prepacking, with the packed weights shipped as the dense tensors they come from
 #:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
-#:   for the CPU it runs on (``REPACKED``); the others run as they are, measured no slower.
+#:   for the CPU it runs on (``REPACKED``); the others run as they are, measured no slower
+#:   (above ``PREPACK_FROM_MACS``).
+#: A packed op costs oneDNN's path per call (about 15 us against MKL's 5 for a small matrix
+#: product), so models whose products and convolutions by a weight average less work than this
+#: many multiply-adds are not prepacked.
+PREPACK_FROM_MACS = 10_000_000
 #: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
 #: the originals while the model compiles; from this size on it is left to the user.
 FREEZE_BELOW = 2**30
@@ -65,9 +70,11 @@ REPACKED = frozenset({"mkldnn::_reorder_convolution_weight"})
 
 
 def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
-    """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense is not packed."""
+    """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense, or
+    whose ops are too small to gain from packing, is not packed."""
     configs = dict(FAST_DEFAULTS)
-    if not spec.repackable:
+    small = spec.weighted_macs is not None and spec.weighted_macs < PREPACK_FROM_MACS
+    if not spec.repackable or small:
         configs["cpp.weight_prepack"] = False
     if spec.optimize != HOST and spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW:
         configs["freezing"] = False

@@ -695,6 +695,8 @@ class ModelSpec:
     """``host``: compiled for the build machine's CPU (the model's own, or the table's)."""
     repackable: bool = True
     """Whether the weights Inductor packs for oneDNN can ship dense, once exported (see ``fast_defaults``)."""
+    weighted_macs: int | None = None
+    """Mean multiply-adds of the exported program's matrix products and convolutions by a weight."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

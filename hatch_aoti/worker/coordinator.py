@@ -143,7 +143,8 @@ class Coordinator:
         """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
         size = weights_size(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        return dataclasses.replace(spec, weights=weights, weights_bytes=size, repackable=repackable(exported))
+        spec = dataclasses.replace(spec, repackable=repackable(exported), weighted_macs=weighted_macs(exported))
+        return dataclasses.replace(spec, weights=weights, weights_bytes=size)
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -783,6 +784,35 @@ def repackable(exported: Any) -> bool:
         if node.target is torch.ops.aten.convolution.default and len(node.args) > 6 and node.args[6]:
             return False
     return True
+
+
+def weighted_macs(exported: Any) -> int | None:
+    """Mean multiply-adds of the program's matrix products and convolutions by a weight (the ops
+    Inductor can pack), sizes that vary taken at their example's; None where it has none."""
+    import torch
+
+    aten = torch.ops.aten
+    #: where each op takes its weight, and the weight's dimension its output's elements sum over
+    weight_at = {aten.linear.default: (1, 1), aten.mm.default: (1, 0), aten.addmm.default: (2, 0)}
+    signature = exported.graph_signature
+    weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
+    weights |= set(signature.inputs_to_lifted_tensor_constants)
+    counts = []
+    for node in exported.graph.nodes:
+        conv = node.target in (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.convolution.default)
+        at, inner = (1, None) if conv else weight_at.get(node.target, (None, None))
+        if at is None or len(node.args) <= at or getattr(node.args[at], "name", None) not in weights:
+            continue
+        out, weight = node.meta.get("val"), node.args[at].meta.get("val")
+        with contextlib.suppress(Exception):  # a size without an example
+            summed = weight.numel() // weight.shape[0] if inner is None else weight.shape[inner]
+            counts.append(_example(out.numel()) * _example(summed))
+    return sum(counts) // len(counts) if counts else None
+
+
+def _example(size: Any) -> int:
+    """A size, or a symbolic one's value in the example it was traced with."""
+    return size if isinstance(size, int) else int(size.node.hint)
 
 
 def weights_size(exported: Any) -> int:
