@@ -176,8 +176,9 @@ class PackedWeights:
     def unpack(self, gm: Any) -> None:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
         tensor that is also a constant of its own, or packed twice, is not packed again at load:
-        the library may hold it once, for every use. A strided one (a transposed weight) ships
-        contiguous."""
+        the library may hold it once, for every use. A strided one (a transposed weight) that is not
+        also a constant of its own ships contiguous, one copy per source; the model compiles with
+        those copies beside the weights."""
         plain = {id(v) for *_, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
         copies: dict[int, Any] = {}  # by id of a strided source: its one contiguous copy
         for name, holder, attr, value in _constants(gm):
@@ -191,7 +192,7 @@ class PackedWeights:
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
-            if not dense.is_contiguous():  # a transposed weight: the library would copy it on every call
+            if not dense.is_contiguous() and id(dense) not in plain:  # the library would copy it per call
                 if id(dense) not in copies:
                     copies[id(dense)] = dense.contiguous()
                 dense = copies[id(dense)]

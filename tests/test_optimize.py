@@ -101,6 +101,32 @@ def test_weights_are_packed_unless_they_cannot_ship_dense_or_their_ops_are_small
     assert ModelSpec.from_json(json.loads(json.dumps(dataclasses.asdict(host)))) == host
 
 
+def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> None:
+    import torch
+
+    from hatch_aoti.backends.aoti import fast_defaults
+    from hatch_aoti.worker.coordinator import weighted_macs
+
+    export, nn = torch.export.export, torch.nn
+
+    class MatMul(nn.Module):  # ``x @ W``
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(16, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w
+
+    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Flatten(), nn.Linear(288, 4))
+    # the convolution: 8 x 6 x 6 outputs of 9 each; the linear layer: 4 outputs of 288
+    assert weighted_macs(export(depthwise, (torch.ones(1, 8, 8, 8),))) == (288 * 9 + 4 * 288) // 2
+    batch = ({0: torch.export.Dim("batch", min=1, max=64)},)
+    assert weighted_macs(export(nn.Linear(128, 256), (torch.ones(4, 128),), dynamic_shapes=batch)) == 4 * 128 * 256
+    assert weighted_macs(export(MatMul(), (torch.ones(2, 16),))) == 2 * 32 * 16
+    unweighted = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], export(nn.ReLU(), (torch.ones(2),)))
+    assert unweighted.weighted_macs is None and fast_defaults(unweighted)["cpp.weight_prepack"] is True
+
+
 def miss(label: str, packs: bool | None, in_helpers: bool = True) -> Miss:
     """A miss with only what routing reads: ``packs`` None for a model that does not freeze."""
     configs = {} if packs is None else {"freezing": True, "cpp.weight_prepack": packs}

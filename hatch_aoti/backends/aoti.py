@@ -54,9 +54,9 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
 #:   for the CPU it runs on (``REPACKED``); the others run as they are, measured no slower
 #:   (above ``PREPACK_FROM_MACS``).
-#: A packed op costs oneDNN's path per call (about 15 us against MKL's 5 for a small matrix
-#: product), so models whose products and convolutions by a weight average less work than this
-#: many multiply-adds are not prepacked.
+#: A packed op takes oneDNN's path on every call, which costs more than MKL's for a small matrix
+#: product, so models whose products and convolutions by a weight average less work than this
+#: many multiply-adds are not prepacked (chosen between measured sizes: docs/configuration.md).
 PREPACK_FROM_MACS = 10_000_000
 #: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
 #: the originals while the model compiles; from this size on it is left to the user.

@@ -696,7 +696,8 @@ class ModelSpec:
     repackable: bool = True
     """Whether the weights Inductor packs for oneDNN can ship dense, once exported (see ``fast_defaults``)."""
     weighted_macs: int | None = None
-    """Mean multiply-adds of the exported program's matrix products and convolutions by a weight."""
+    """Mean multiply-adds of the exported program's matrix products and convolutions by a weight, at
+    the example inputs' sizes (a model exported at batch 1 counts batch 1)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

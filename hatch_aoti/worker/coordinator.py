@@ -143,8 +143,8 @@ class Coordinator:
         """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
         size = weights_size(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        spec = dataclasses.replace(spec, repackable=repackable(exported), weighted_macs=weighted_macs(exported))
-        return dataclasses.replace(spec, weights=weights, weights_bytes=size)
+        repack, macs = repackable(exported), weighted_macs(exported)
+        return dataclasses.replace(spec, weights=weights, weights_bytes=size, repackable=repack, weighted_macs=macs)
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -788,12 +788,14 @@ def repackable(exported: Any) -> bool:
 
 def weighted_macs(exported: Any) -> int | None:
     """Mean multiply-adds of the program's matrix products and convolutions by a weight (the ops
-    Inductor can pack), sizes that vary taken at their example's; None where it has none."""
+    Inductor can pack), sizes that vary taken at their example's; None where it has none. Products
+    by a weight that is first reshaped or expanded (``einsum``, ``bmm``) are not counted."""
     import torch
 
     aten = torch.ops.aten
     #: where each op takes its weight, and the weight's dimension its output's elements sum over
     weight_at = {aten.linear.default: (1, 1), aten.mm.default: (1, 0), aten.addmm.default: (2, 0)}
+    weight_at[aten.matmul.default] = (1, -2)  # ``x @ W``: Inductor packs it as a matrix product
     signature = exported.graph_signature
     weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
     weights |= set(signature.inputs_to_lifted_tensor_constants)
