@@ -794,15 +794,17 @@ def weighted_macs(exported: Any) -> int | None:
 
     aten = torch.ops.aten
     #: where each op takes its weight, and the weight's dimension its output's elements sum over
-    weight_at = {aten.linear.default: (1, 1), aten.mm.default: (1, 0), aten.addmm.default: (2, 0)}
-    weight_at[aten.matmul.default] = (1, -2)  # ``x @ W``: Inductor packs it as a matrix product
+    #: (``x @ W`` is packed as a matrix product; a convolution sums over all but the first)
+    weight_at: dict[Any, tuple[int, int | None]] = {aten.linear.default: (1, 1), aten.mm.default: (1, 0)}
+    weight_at[aten.addmm.default] = (2, 0)
+    weight_at |= {aten.matmul.default: (1, -2), aten.convolution.default: (1, None)}
+    weight_at |= dict.fromkeys((aten.conv1d.default, aten.conv2d.default, aten.conv3d.default), (1, None))
     signature = exported.graph_signature
     weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
     weights |= set(signature.inputs_to_lifted_tensor_constants)
     counts = []
     for node in exported.graph.nodes:
-        conv = node.target in (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.convolution.default)
-        at, inner = (1, None) if conv else weight_at.get(node.target, (None, None))
+        at, inner = weight_at.get(node.target, (None, None))
         if at is None or len(node.args) <= at or getattr(node.args[at], "name", None) not in weights:
             continue
         out, weight = node.meta.get("val"), node.args[at].meta.get("val")
