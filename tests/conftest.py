@@ -7,6 +7,7 @@ and every test that needs its wheel shares it.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -41,34 +42,88 @@ def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.Completed
 TORCH_NEXT = os.environ.get("HATCH_AOTI_TEST_TORCH_NEXT", "2.14.1")
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start installing the other torch as soon as a test that needs it is collected: it takes
-    minutes, mostly unpacking, and runs beside the builds of the tests before it."""
-    wanted = any("torch_next_envs" in getattr(item, "fixturenames", ()) for item in session.items)
-    if wanted and not session.config.option.collectonly:
-        root = Path(tempfile.mkdtemp(prefix="hatch-aoti-torch-next-"))
-        env = root / f"torch-{TORCH_NEXT}"  # the layout `hatch-aoti verify --envs` uses again
-        script = (
-            f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
-            f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
-            f"'torch=={TORCH_NEXT}']))"
-        )
-        log = (root / "install.log").open("w")
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log)
-        session.config.torch_next = (root, proc)
+#: Session fixtures cheap enough for each test process to make its own (under pytest-xdist).
+PER_PROCESS = frozenset(
+    {"private_compile_cache", "wheelhouse", "build_env", "torch_venv", "runtime", "dev_venv", "tmp_session"}
+    | {"s3_server"}
+)
+GROUP = pytest.StashKey[str]()
+NEXT_GROUPS = pytest.StashKey[set[str]]()
 
-        def stop() -> None:  # whatever happened to the session: no install left running, nothing left behind
-            proc.kill()
-            proc.wait()
-            log.close()
-            shutil.rmtree(root, ignore_errors=True)
 
-        session.config.add_cleanup(stop)
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put test files that share a session fixture in one group: scripts/test.sh runs the suite in
+    two processes (pytest-xdist, ``--dist loadgroup``), and a group runs in one of them, so that each
+    shared wheel is still built, and torch 2.14.1 installed, once."""
+    groups = shared_groups(items)
+    for item in items:
+        item.stash[GROUP] = groups[item.path.name]
+        item.add_marker(pytest.mark.xdist_group(item.stash[GROUP]))
+    config.stash[NEXT_GROUPS] = {item.stash[GROUP] for item in items if "torch_next_envs" in item.fixturenames}
+
+
+def shared_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Each test file's group: the first file, by name, of those linked to it through a shared fixture."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in item.fixturenames if info else ():
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope == "session" and name not in PER_PROCESS and ours(defs[-1].func):
+                parent[find(f"fixture {name}")] = find(item.path.name)
+    files = sorted({item.path.name for item in items})
+    first: dict[str, str] = {}
+    for name in files:
+        first.setdefault(find(name), name.removesuffix(".py"))
+    return {name: first[find(name)] for name in files}
+
+
+def ours(func: object) -> bool:
+    """Whether a fixture is the suite's own, not pytest's or a plugin's."""
+    return Path(inspect.getfile(func)).parent == REPO / "tests"  # type: ignore[arg-type]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start installing the other torch when the first test of the group that needs it starts: it
+    takes minutes, mostly unpacking, and runs beside the builds of the tests before it."""
+    if item.stash.get(GROUP, None) in item.config.stash.get(NEXT_GROUPS, set()):
+        start_torch_next(item.config)
+
+
+def start_torch_next(config: pytest.Config) -> None:
+    if hasattr(config, "torch_next"):
+        return
+    root = Path(tempfile.mkdtemp(prefix="hatch-aoti-torch-next-"))
+    env = root / f"torch-{TORCH_NEXT}"  # the layout `hatch-aoti verify --envs` uses again
+    script = (
+        f"import venv, subprocess, sys; venv.EnvBuilder(with_pip=True).create({str(env)!r}); "
+        f"sys.exit(subprocess.call([{str(env / 'bin' / 'python')!r}, '-m', 'pip', 'install', '-q', "
+        f"'torch=={TORCH_NEXT}']))"
+    )
+    log = (root / "install.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=log)
+    config.torch_next = (root, proc)  # type: ignore[attr-defined]
+
+    def stop() -> None:  # whatever happened to the session: no install left running, nothing left behind
+        proc.kill()
+        proc.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+    config.add_cleanup(stop)
 
 
 @pytest.fixture(scope="session")
 def torch_next_envs(request: pytest.FixtureRequest) -> Path:
     """A directory holding ``torch-<TORCH_NEXT>/``, a venv with that torch (and nothing of ours)."""
+    start_torch_next(request.config)  # started already by the group's first test, as a rule
     root, proc = request.config.torch_next
     status = proc.wait(timeout=1800)  # the session's cleanup kills it if this runs out
     assert status == 0, (root / "install.log").read_text(encoding="utf-8")[-4000:]
