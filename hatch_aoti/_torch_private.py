@@ -179,8 +179,8 @@ class PackedWeights:
         the library may hold it once, for every use. A strided one (a transposed weight) that is not
         also a constant of its own ships contiguous, one copy per source; the model compiles with
         those copies beside the weights."""
-        plain = {id(v) for *_, v in _constants(gm) if not getattr(v, "is_mkldnn", False)}
-        copies: dict[int, Any] = {}  # by id of a strided source: its one contiguous copy
+        plain = {_place(v) for *_, v in _constants(gm) if v is not None and not getattr(v, "is_mkldnn", False)}
+        copies: dict[tuple[Any, ...], Any] = {}  # by place of a strided source: its one contiguous copy
         for name, holder, attr, value in _constants(gm):
             if not getattr(value, "is_mkldnn", False):
                 continue
@@ -192,14 +192,14 @@ class PackedWeights:
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
-            if not dense.is_contiguous() and id(dense) not in plain:  # the library would copy it per call
-                if id(dense) not in copies:
-                    copies[id(dense)] = dense.contiguous()
-                dense = copies[id(dense)]
+            if not dense.is_contiguous() and _place(dense) not in plain:  # the library would copy it per call
+                if _place(dense) not in copies:
+                    copies[_place(dense)] = dense.contiguous()
+                dense = copies[_place(dense)]
             setattr(holder, attr, dense)
-            if found.op in self.repacked and found.args is not None and id(dense) not in plain:
+            if found.op in self.repacked and found.args is not None and _place(dense) not in plain:
                 self.replays[name] = {"op": found.op, "args": found.args}
-            plain.add(id(dense))
+            plain.add(_place(dense))
         self.made.clear()  # the packed tensors, no longer in the graph
 
     def check(self) -> None:
@@ -210,6 +210,16 @@ class PackedWeights:
                 "dense (`post_grad_custom_post_pass`); set `cpp.weight_prepack = false` in the model's "
                 "inductor-configs"
             )
+
+
+def _place(tensor: Any) -> tuple[Any, ...]:
+    """Where a dense tensor's values are: two views alike of one storage (a tied weight, or a linear
+    weight seen through two transposes) are one constant to Inductor, which stores it once."""
+    try:
+        storage = tensor.untyped_storage().data_ptr()
+        return storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype
+    except (AttributeError, RuntimeError, NotImplementedError):  # a script object, a subclass: only itself
+        return (id(tensor),)
 
 
 def _constants(gm: Any) -> Iterator[tuple[str, Any, str, Any]]:

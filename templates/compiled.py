@@ -538,14 +538,15 @@ class _CompiledModel:
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
         _check_symbols(torch, self.name, entry.get("torch_symbols") or [])
         try:
+            packing = _packing(self.name)
             self._runner = _opened(torch, self.name, self._file, self.device)
             self._run = self._runner.run
             # read only where needed: a load of weights in the library, packed nowhere, stays as it was
-            needs_names = "weights" in entry or "packing" in entry
+            needs_names = "weights" in entry or bool(packing)
             constants = self._runner.get_constant_names_to_original_fqns() if needs_names else {}
             if "weights" in entry:
                 self._weights = _mapped_weights(torch, self.name, entry, constants)
-            packing = {c: how for c, how in entry.get("packing", {}).items() if c in constants}
+            packing = {c: how for c, how in packing.items() if c in constants}
             packed = _packed(torch, self.name, packing, self._dense) if packing else {}
             if self._weights is not None or packed:  # the mapped weights, the packed ones in their place
                 self._weights = {**(self._weights or {}), **packed}
@@ -630,17 +631,38 @@ class _CompiledModel:
         raise AssertionError("no input was rejected")
 
 
+#: Which of the weights the build recorded the loader packs into oneDNN's layouts for this CPU
+#: (``HATCH_AOTI_PACK``): the convolutions' by default, which oneDNN would otherwise reorder on every
+#: call; ``all`` adds the linear layers', whose packed copies are each process's own (not shared, as
+#: the mapped weights are) and run a few percent faster on some CPUs; ``none`` packs nothing.
+PACK_VARIABLE = "HATCH_AOTI_PACK"
+_PACK_CHOICES: dict[str, frozenset[str] | None] = {
+    "convolutions": frozenset({"mkldnn::_reorder_convolution_weight"}),
+    "all": None,
+    "none": frozenset(),
+}
+
+
+def _packing(name: str) -> dict[str, Any]:
+    """The weights of ``name`` packed as it loads here, by constant name: each one's packing op and arguments."""
+    text = os.environ.get(PACK_VARIABLE, "").strip() or "convolutions"
+    if text not in _PACK_CHOICES:
+        raise ValueError(f"{PACK_VARIABLE}={text!r}: expected one of {', '.join(_PACK_CHOICES)}")
+    ops = _PACK_CHOICES[text]
+    recorded: dict[str, Any] = _entry(name).get("packing", {})
+    return {c: how for c, how in recorded.items() if ops is None or how["op"] in ops}
+
+
 def _packed(torch: Any, name: str, packing: dict[str, Any], dense: Callable[[], tuple[Any, Any]]) -> dict[str, Any]:
-    """The convolution weights packed into oneDNN's layouts for this CPU, by constant name: the wheel
-    ships them dense, and oneDNN would otherwise reorder them on every call. A torch that cannot pack
-    them runs them dense, with a warning."""
+    """The weights of ``packing`` packed into oneDNN's layouts for this CPU, by constant name: the wheel
+    ships them dense. A torch that cannot pack them runs them dense, with a warning."""
     try:
         weights, _owner = dense()  # the owner keeps them alive while they are packed
         return {constant: _op(torch, how["op"])(weights[constant], *how["args"]) for constant, how in packing.items()}
     except Exception as exc:  # the dense weights run everywhere, only slower
         warnings.warn(
-            f"compiled model {name!r}: torch {torch.__version__} could not pack its convolution weights for "
-            f"this CPU ({type(exc).__name__}: {exc}); they are reordered on every call instead",
+            f"compiled model {name!r}: torch {torch.__version__} could not pack its weights for this CPU "
+            f"({type(exc).__name__}: {exc}); they run dense, convolutions reordered on every call",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -692,6 +714,10 @@ def _problems(name: str, torch: Any = None) -> list[str]:
             found.append(f"was built for {entry['device']}, but this torch ({torch.__version__}) sees no CUDA device")
     if entry.get("backend") == "precompile":
         found.append(_precompile_problem(entry, torch.__version__ if torch is not None else _torch_version()))
+    try:
+        _packing(name)
+    except ValueError as exc:
+        found.append(f"cannot load here: {exc}")
     return [p for p in found if p]
 
 

@@ -253,7 +253,7 @@ def test_inspect_a_wheel(sample_dists: tuple[Path, Path], capsys: pytest.Capture
     assert f"torch=={series}.*" in data["distribution"]["requires"] and data["this_machine"]["torch_problem"] is None
     mlp, classifier = data["models"]["mlp"], data["models"]["classifier"]
     assert mlp["inputs"] == "float32[4, 128]" and mlp["factory"] == "sample_models.models:build_mlp"
-    assert mlp["packed_at_load"] == 0, "no convolutions"
+    assert mlp["packed_at_load"] == 0, "too small to be prepacked"
     assert classifier["dynamic"] == {"batch": {"min": 1, "max": 64}} and classifier["cpu"]["target"] == "x86-64-v3"
     assert "avx2" in classifier["cpu"]["features"] and classifier["runs_here"] and classifier["problems"] == []
     assert classifier["verification"]["passed"] and len(classifier["verification"]["tried"]) == 4

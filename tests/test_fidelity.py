@@ -498,6 +498,9 @@ def test_the_loader_names_everything_that_stops_a_model_here(tmp_path: Path, mon
         assert loader._problems("gpu", torch)[0].endswith("sees no CUDA device")
     (old,) = loader._problems("old", torch)
     assert old.startswith("was precompiled with Python 3.0.0 and torch 1.0.0, and loads only there")
+    monkeypatch.setenv("HATCH_AOTI_PACK", "fast")
+    (pack,) = loader._problems("fine", torch)
+    assert pack == "cannot load here: HATCH_AOTI_PACK='fast': expected one of convolutions, all, none"
 
 
 QEMU = shutil.which("qemu-x86_64")

@@ -285,8 +285,9 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     for name in ("host", "portable", "small"):
         assert PACKED_CONV in libraries[name] and ("weights" in manifest[name]) == (name != "small"), name
         assert manifest[name]["inductor_configs"]["cpp.weight_prepack"] is True
-        packing = manifest[name]["packing"]
-        assert [p["op"] for p in packing.values()] == ["mkldnn::_reorder_convolution_weight"] * 2, packing
+        ops = sorted(p["op"] for p in manifest[name]["packing"].values())
+        linears = 0 if name == "small" else 2  # Linear and Conv1D
+        assert ops == ["mkldnn::_reorder_convolution_weight"] * 2 + ["mkldnn::_reorder_linear_weight"] * linears, ops
     # Conv1D's weight, packed as its transpose, ships contiguous: the library would copy it per call.
     (conv1d,) = [t for t in manifest["portable"]["weights"]["tensors"].values() if t["shape"] == [8, 2800]]
     assert conv1d["stride"] == [2800, 1], conv1d
@@ -310,3 +311,18 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     eager_call, compiled_call = shown.split("EAGER\n", 1)[1].split("END\n", 1)[0].split("COMPILED\n")
     assert WEIGHT_REORDER.search(eager_call), "eager reorders its dense convolution weights on every call"
     assert not WEIGHT_REORDER.search(compiled_call), compiled_call
+    # HATCH_AOTI_PACK=all packs the linear layers' weights too, for this CPU; the outputs stay eager's.
+    packed = runtime.json(
+        f"""
+        import json, os, sys, warnings; os.environ["HATCH_AOTI_PACK"] = "all"; sys.path.insert(0, {str(site)!r})
+        warnings.simplefilter("error")  # a packing that fails warns
+        import torch
+        from hostpkg import compiled
+        model = compiled.load("portable")
+        torch.save(model(torch.load({paths["x"]!r})), {str(tmp_path / "all.pt")!r})
+        chosen = compiled._packing("portable")
+        print(json.dumps(sorted(how["op"] for c, how in chosen.items() if model.weights[c].is_mkldnn)))
+        """
+    )
+    assert packed == sorted(p["op"] for p in manifest["portable"]["packing"].values()), "each one packed"
+    torch.testing.assert_close(torch.load(tmp_path / "all.pt"), expected["portable"], rtol=1e-4, atol=1e-5)

@@ -155,8 +155,27 @@ def test_weights_the_loader_cannot_pack_run_dense_with_a_warning(loader) -> None
 
     good = {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}}
     assert loader._packed(torch, "m", good, dense)["w"].is_mkldnn
-    with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its convolution weights for this CPU"):
+    with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its weights for this CPU"):
         assert loader._packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense) == {}
+
+
+def test_hatch_aoti_pack_chooses_which_recorded_weights_are_packed_at_load(
+    loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conv = {"op": "mkldnn::_reorder_convolution_weight", "args": []}
+    linear = {"op": "mkldnn::_reorder_linear_weight", "args": [128]}
+    monkeypatch.setitem(loader._MODELS, "m", {"packing": {"c": conv, "l": linear}})
+    monkeypatch.setitem(loader._MODELS, "plain", {})
+    chosen = {}
+    for choice in ("", " ", "convolutions", "all", "none"):
+        monkeypatch.setenv("HATCH_AOTI_PACK", choice)
+        chosen[choice] = loader._packing("m")
+        assert loader._packing("plain") == {}
+    assert chosen[""] == chosen[" "] == chosen["convolutions"] == {"c": conv}, "convolutions by default"
+    assert chosen["all"] == {"c": conv, "l": linear} and chosen["none"] == {}
+    monkeypatch.setenv("HATCH_AOTI_PACK", "linear")
+    with pytest.raises(ValueError, match="HATCH_AOTI_PACK='linear': expected one of convolutions, all, none"):
+        loader._packing("m")
 
 
 def test_loader_keyerror_lists_known_names(loader) -> None:

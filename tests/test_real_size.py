@@ -11,6 +11,8 @@ minute and a half here), installed into a venv without hatch-aoti.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -109,7 +111,27 @@ def test_bert_base_builds_with_the_defaults_and_maps_its_weights(bert_wheel: tup
     assert (bert_site / "bertpkg" / "_aoti" / "bert" / "weights.bin").stat().st_size > 32 * 2**20
     assert not [m for m in entry["inline"] if m.endswith("weights_config.json")], "the index is the record"
     assert entry["inductor_configs"]["freezing"] is True and entry["inductor_configs"]["cpp.weight_prepack"] is True
-    assert "packing" not in entry, "linear weights run as shipped: only convolutions are packed again at load"
+    packing = [how["op"] for how in entry["packing"].values()]
+    assert packing == ["mkldnn::_reorder_linear_weight"] * 72, "recorded; packed at load under HATCH_AOTI_PACK=all"
+
+
+def test_inspect_asks_the_loader_which_weights_it_packs_at_load(bert_wheel: tuple[Path, str]) -> None:
+    counts = {}
+    for choice in ("", "all", "none"):
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("hatch-aoti")), "inspect", str(bert_wheel[0]), "--json"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HATCH_AOTI_PACK": choice},
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        counts[choice] = {name: m["packed_at_load"] for name, m in json.loads(proc.stdout)["models"].items()}
+    assert counts == {
+        "": {"bert": 0, "resnet": 53, "llama": 0},
+        "all": {"bert": 72, "resnet": 53, "llama": 0},  # llama: too little work per op to be prepacked
+        "none": {"bert": 0, "resnet": 0, "llama": 0},
+    }
 
 
 def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
@@ -143,6 +165,19 @@ def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
     )
     assert result == {"type": "Tensor", "save_pt2": 0.0, "mapped": True}
     torch.testing.assert_close(torch.load(tmp_path / "ours.pt"), expected, rtol=1e-4, atol=1e-4)
+    packed = runtime.json(  # every linear layer's weight packed for this CPU as it loads, by choice
+        f"""
+        import json, os, sys, warnings; os.environ["HATCH_AOTI_PACK"] = "all"; sys.path.insert(0, {str(bert_site)!r})
+        warnings.simplefilter("error")  # a packing that fails warns
+        import torch
+        from bertpkg import compiled
+        model = compiled.load("bert")
+        torch.save(model(torch.load({str(tmp_path / "ids.pt")!r})), {str(tmp_path / "all.pt")!r})
+        print(json.dumps(sum(model.weights[c].is_mkldnn for c in compiled._packing("bert"))))
+        """
+    )
+    assert packed == 72, "each one packed"
+    torch.testing.assert_close(torch.load(tmp_path / "all.pt"), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_resnet_50_builds_with_the_defaults_and_matches_eager(

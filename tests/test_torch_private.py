@@ -183,6 +183,33 @@ def test_a_linear_weight_packed_from_its_transpose_ships_contiguous() -> None:
     torch.testing.assert_close(shipped, root.w.t(), rtol=0, atol=0)
 
 
+def _linear_folded(tied: bool) -> Any:
+    """A linear layer's packing as freezing leaves it (its weight seen through two transposes), with
+    the same weight used plainly too where ``tied`` (an embedding tied to the output layer)."""
+    from torch._inductor.constant_folding import constant_fold
+
+    graph, mkldnn, aten = torch.fx.Graph(), torch.ops.mkldnn, torch.ops.aten
+    x, ids, w = graph.placeholder("x"), graph.placeholder("ids"), graph.get_attr("w")
+    twice = graph.call_function(aten.permute.default, (graph.call_function(aten.permute.default, (w, [1, 0])), [1, 0]))
+    packed_w = graph.call_function(mkldnn._reorder_linear_weight, (twice, 4))
+    out = graph.call_function(mkldnn._linear_pointwise, (x, packed_w, None, "none", [], ""))
+    graph.output((out, graph.call_function(aten.embedding.default, (w, ids))) if tied else out)
+    root = torch.nn.Module()
+    root.register_buffer("w", torch.randn(16, 8))
+    gm = torch.fx.GraphModule(root, graph)
+    with _torch_private.packed_weights(frozenset({"mkldnn::_reorder_linear_weight"})) as packed:
+        constant_fold(gm)
+        torch._inductor.config.post_grad_custom_post_pass(gm.graph)
+    return packed
+
+
+def test_a_tied_linear_weight_is_not_packed_at_load() -> None:
+    """Inductor stores two constants alike (one storage, offset, shape and stride) once: packing that
+    one at load would hand the embedding a packed tensor too."""
+    assert list(_linear_folded(tied=False).replays.values()) == [{"op": "mkldnn::_reorder_linear_weight", "args": [4]}]
+    assert _linear_folded(tied=True).replays == {}
+
+
 def test_packed_weights_that_the_pass_never_saw_fail_the_compile() -> None:
     packed = _torch_private.PackedWeights(frozenset())
     packed.made[0] = _torch_private.Packing(None, None, None, None)

@@ -52,8 +52,8 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   build time; the wheel ships those constants instead of the state dict;
 #: - weight prepacking, with the packed weights shipped as the dense tensors they come from
 #:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
-#:   for the CPU it runs on (``REPACKED``); the others run as they are, measured no slower
-#:   (above ``PREPACK_FROM_MACS``).
+#:   for the CPU it runs on (``REPACKED``), and the linear layers' too where ``HATCH_AOTI_PACK=all``
+#:   says so (a copy of those weights in each process, for a few percent on some CPUs).
 #: A packed op takes oneDNN's path on every call, which costs more than MKL's for a small matrix
 #: product, so models whose products and convolutions by a weight average less work than this
 #: many multiply-adds are not prepacked (chosen between measured sizes: docs/configuration.md).
@@ -65,8 +65,9 @@ FAST_DEFAULTS: dict[str, Any] = {
     "freezing": True,
     "cpp.weight_prepack": True,
 }
-#: The packing ops the loader runs again, on the dense weights, as it loads the model.
-REPACKED = frozenset({"mkldnn::_reorder_convolution_weight"})
+#: The packing ops recorded for the loader to run again, on the dense weights, as it loads the model
+#: (which of them it runs is the loader's choice: ``HATCH_AOTI_PACK``).
+REPACKED = frozenset({"mkldnn::_reorder_convolution_weight", "mkldnn::_reorder_linear_weight"})
 
 
 def fast_defaults(spec: ModelSpec) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
         "weights": "external" if external else "mapped" if "weights" in entry else "in the library",
         "weights_source": machine.weights_source(target, name) if external else None,
         "kernel_profile": bool(configs.get("cpp.enable_kernel_profile")),
-        "packed_at_load": len(entry.get("packing", {})),
+        "packed_at_load": machine.packed_at_load(target, name),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
         "needs": entry.get("needs", {}),
@@ -119,7 +119,9 @@ def show(data: dict[str, Any], out: Output) -> None:
     for name, m in data["models"].items():
         out.line(f"{name}:", style="bold")
         out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
-        packed = f"; {m['packed_at_load']} packed for the CPU at load" if m["packed_at_load"] else ""
+        count = m["packed_at_load"]
+        packed = f"; {count} packed for the CPU at load" if count else ""
+        packed = "; packing at load unknown" if count is None else packed
         profiling = "compiled in" if m["kernel_profile"] else "off"
         out.line(f"  weights {m['weights']}{packed}; kernel profiling {profiling}")
         out.line(f"  verified at build: {_verified(m['verification'])}")

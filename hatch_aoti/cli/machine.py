@@ -53,6 +53,18 @@ def problems(target: Target, name: str) -> list[str]:
     return found
 
 
+def packed_at_load(target: Target, name: str) -> int | None:
+    """How many of the model's weights its loader packs for this CPU as it loads (``HATCH_AOTI_PACK``
+    chooses), as the loader says; None where it cannot tell."""
+    try:
+        choose = getattr(target.loader(), "_packing", None)
+        if choose is None:  # a loader from before the choice: it packs every weight the build recorded
+            return len(target.models[name].get("packing", {}))
+        return len(choose(name))
+    except Exception:
+        return None
+
+
 def weights_source(target: Target, name: str) -> dict[str, Any] | None:
     """Where an external model's weights come from and whether they are cached here, as its loader says."""
     try:
