@@ -174,6 +174,16 @@ def test_a_time_cached_by_another_machine_is_taken_again_here_and_kept_for_this_
     assert isinstance(events[-1], protocol.Cached)
 
 
+def test_a_time_is_taken_again_under_another_choice_of_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader packs by HATCH_AOTI_PACK, which changes a candidate's time: it is part of the machine."""
+    monkeypatch.delenv("HATCH_AOTI_PACK", raising=False)
+    default = tuning.machine()
+    monkeypatch.setenv("HATCH_AOTI_PACK", "all")
+    assert tuning.machine() == f"{default}; HATCH_AOTI_PACK=all"
+    monkeypatch.setenv("HATCH_AOTI_PACK", "")
+    assert tuning.machine() == default
+
+
 def test_only_a_compile_that_would_fail_again_is_lasting() -> None:
     import subprocess
 

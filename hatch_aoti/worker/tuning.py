@@ -72,14 +72,17 @@ class Tuning:
 
 
 def machine() -> str:
-    """What a cached time was measured on: the CPU's model, the CPUs this process may use, and
-    torch's threads. A time from another machine is not compared with this one's."""
+    """What a cached time was measured on: the CPU's model, the CPUs this process may use, torch's
+    threads, and which weights the loader packs (``HATCH_AOTI_PACK``, where set). A time from another
+    machine is not compared with this one's."""
     import os
 
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{_cpu_model()}; {cpus} CPUs; {torch.get_num_threads()} threads"
+    pack = os.environ.get("HATCH_AOTI_PACK", "").strip()
+    where = f"{_cpu_model()}; {cpus} CPUs; {torch.get_num_threads()} threads"
+    return f"{where}; HATCH_AOTI_PACK={pack}" if pack else where
 
 
 @functools.cache
