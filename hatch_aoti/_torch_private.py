@@ -192,14 +192,16 @@ class PackedWeights:
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
                     "inductor-configs"
                 )
-            if not dense.is_contiguous() and _place(dense) not in plain:  # the library would copy it per call
-                if _place(dense) not in copies:
-                    copies[_place(dense)] = dense.contiguous()
-                dense = copies[_place(dense)]
+            place = _place(dense)
+            if not dense.is_contiguous() and place not in plain:  # the library would copy it per call
+                if place not in copies:
+                    copies[place] = dense.contiguous()
+                dense = copies[place]
+                place = _place(dense)
             setattr(holder, attr, dense)
-            if found.op in self.repacked and found.args is not None and _place(dense) not in plain:
+            if found.op in self.repacked and found.args is not None and place not in plain:
                 self.replays[name] = {"op": found.op, "args": found.args}
-            plain.add(_place(dense))
+            plain.add(place)
         self.made.clear()  # the packed tensors, no longer in the graph
 
     def check(self) -> None:

@@ -643,12 +643,17 @@ _PACK_CHOICES: dict[str, frozenset[str] | None] = {
 }
 
 
-def _packing(name: str) -> dict[str, Any]:
-    """The weights of ``name`` packed as it loads here, by constant name: each one's packing op and arguments."""
+def _pack_ops() -> frozenset[str] | None:
+    """The packing ops ``HATCH_AOTI_PACK`` lets the loader run (None: every one)."""
     text = os.environ.get(PACK_VARIABLE, "").strip() or "convolutions"
     if text not in _PACK_CHOICES:
         raise ValueError(f"{PACK_VARIABLE}={text!r}: expected one of {', '.join(_PACK_CHOICES)}")
-    ops = _PACK_CHOICES[text]
+    return _PACK_CHOICES[text]
+
+
+def _packing(name: str) -> dict[str, Any]:
+    """The weights of ``name`` packed as it loads here, by constant name: each one's packing op and arguments."""
+    ops = _pack_ops()
     recorded: dict[str, Any] = _entry(name).get("packing", {})
     return {c: how for c, how in recorded.items() if ops is None or how["op"] in ops}
 
@@ -715,7 +720,7 @@ def _problems(name: str, torch: Any = None) -> list[str]:
     if entry.get("backend") == "precompile":
         found.append(_precompile_problem(entry, torch.__version__ if torch is not None else _torch_version()))
     try:
-        _packing(name)
+        _pack_ops()
     except ValueError as exc:
         found.append(f"cannot load here: {exc}")
     return [p for p in found if p]
