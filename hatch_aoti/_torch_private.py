@@ -214,6 +214,39 @@ class PackedWeights:
             )
 
 
+#: The oneDNN fusions :func:`keep_gelu_apart` kept Inductor from registering in this process.
+GELU_KEPT_APART: list[str] = []
+
+
+def keep_gelu_apart() -> None:
+    """Keep Inductor from folding a GELU into the float32 oneDNN linear layer before it, as a post-op:
+    on AVX2 CPUs that post-op slows the matrix product by about a quarter, far more than the GELU
+    costs as Inductor's own kernel (docs/configuration.md#fast-defaults). Inductor registers these
+    fusions once per process, at its first compile, so every compile calls this first; a torch
+    without this registration step keeps its fusions."""
+    try:
+        from torch._inductor.fx_passes import mkldnn_fusion
+
+        register = mkldnn_fusion._register_unary_fusion_lowering
+        registered = mkldnn_fusion._mkldnn_fusion_init.cache_info().currsize
+    except (ImportError, AttributeError):
+        return
+    if getattr(register, "keeps_gelu_apart", False) or registered:
+        return
+    import torch
+
+    linear = torch.ops.mkldnn._linear_pointwise.default
+
+    def registering(pattern: Any, unary_attr: Any, computation_op: Any, lowp_dtype: Any = None) -> Any:
+        if unary_attr.op_name == "gelu" and computation_op is linear and lowp_dtype is None:
+            GELU_KEPT_APART.append(f"{computation_op} + gelu ({unary_attr.algorithm_attr})")
+            return None
+        return register(pattern, unary_attr, computation_op, lowp_dtype)
+
+    registering.keeps_gelu_apart = True  # type: ignore[attr-defined]
+    mkldnn_fusion._register_unary_fusion_lowering = registering
+
+
 def _place(tensor: Any) -> tuple[Any, ...]:
     """Where a dense tensor's values are: two views alike of one storage (a tied weight, or a linear
     weight seen through two transposes) are one constant to Inductor, which stores it once."""

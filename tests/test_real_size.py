@@ -180,6 +180,22 @@ def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
     torch.testing.assert_close(torch.load(tmp_path / "all.pt"), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_bert_base_runs_its_gelus_apart_from_the_linear_layers(bert_site: Path, runtime: Runtime) -> None:
+    """A GELU folded into oneDNN's linear layer as a post-op slows that product on AVX2 CPUs; the
+    build keeps each one Inductor's own kernel (``keep_gelu_apart``)."""
+    lines = runtime.run(
+        f"""
+        import os, sys; os.environ["ONEDNN_VERBOSE"] = "1"; sys.path.insert(0, {str(bert_site)!r})
+        import torch
+        from bertpkg import compiled
+        compiled.load("bert")(torch.zeros(1, 128, dtype=torch.int64))
+        """
+    ).stdout.splitlines()
+    products = [line for line in lines if ",exec,cpu,inner_product," in line]
+    assert len(products) == 72, "every linear layer through oneDNN"
+    assert not [line for line in products if "eltwise_gelu" in line], products[:3]
+
+
 def test_resnet_50_builds_with_the_defaults_and_matches_eager(
     bert_wheel: tuple[Path, str], bert_site: Path, runtime: Runtime, tmp_path: Path
 ) -> None:

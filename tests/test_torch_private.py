@@ -27,6 +27,12 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from hatch_aoti import _torch_private as private
 
 found = {"torch": torch.__version__.split("+")[0]}
+private.keep_gelu_apart()  # before Inductor registers its oneDNN fusions, as every compile calls it
+from torch._inductor.fx_passes.mkldnn_fusion import _mkldnn_fusion_init
+_mkldnn_fusion_init()
+found["keep_gelu_apart"] = sorted(private.GELU_KEPT_APART) == [
+    "mkldnn._linear_pointwise.default + gelu (none)", "mkldnn._linear_pointwise.default + gelu (tanh)"
+]
 with tempfile.TemporaryDirectory() as tmp:
     with private.inductor_cache(Path(tmp) / "inductor"):
         found["inductor_cache"] = cache_dir() == str(Path(tmp) / "inductor")
@@ -103,6 +109,7 @@ def expected(version: str) -> dict[str, object]:
         "portable_paths",
         "release_trace",
         "packed_weights",
+        "keep_gelu_apart",
     )
     return {"torch": version, **dict.fromkeys(touches, True)}
 

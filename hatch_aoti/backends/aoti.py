@@ -53,7 +53,9 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #: - weight prepacking, with the packed weights shipped as the dense tensors they come from
 #:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
 #:   for the CPU it runs on (``REPACKED``), and the linear layers' too where ``HATCH_AOTI_PACK=all``
-#:   says so (a copy of those weights in each process, for a few percent on some CPUs).
+#:   says so (a copy of those weights in each process, for a few percent on some CPUs);
+#: - a GELU after a float32 linear layer runs as a kernel of its own, not as oneDNN's post-op
+#:   (``_torch_private.keep_gelu_apart``).
 #: A packed op takes oneDNN's path on every call, which costs more than MKL's for a small matrix
 #: product, so models whose products and convolutions by a weight average less work than this
 #: many multiply-adds are not prepacked (chosen between measured sizes: docs/configuration.md).
@@ -128,6 +130,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     from hatch_aoti.backends.pt2 import unpack_pt2
 
     _torch_private.use_header_store()
+    _torch_private.keep_gelu_apart()
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()
