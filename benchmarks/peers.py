@@ -6,7 +6,9 @@ weights, batch 1, static shapes) are built into one wheel with hatch-aoti
 then loads the compiled models, the eager models, ONNX Runtime sessions and OpenVINO compiled
 models of one ONNX file per model (`torch.onnx.export(..., dynamo=True)` of the same eager
 module, so every side runs the same weights), all at the same thread count, and times them in
-interleaved rounds with `torch.utils.benchmark`. It prints each ratio and their geometric means.
+interleaved rounds with `torch.utils.benchmark`. It prints each ratio and their geometric means,
+and each side's rate of floating-point work against the fastest fp32 matrix product of torch's
+libraries here: how far a model compiled to torch's kernels is from their limit.
 
 Run with the test venv, which needs `transformers onnx onnxscript onnxruntime` (and `openvino`
 for the second peer):
@@ -198,6 +200,46 @@ def timed(calls: dict[str, object], threads: int, rounds: int) -> dict[str, floa
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def flops(module, x) -> int:  # type: ignore[no-untyped-def]
+    """The floating-point operations of one eager call, as torch counts them (matrix products,
+    convolutions, attention)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return int(counter.get_total_flops())
+
+
+def peak(threads: int, n: int = 2048) -> float:
+    """FLOP/s of torch's fastest fp32 matrix product here (MKL's, or oneDNN's on a packed weight, at n
+    cubed): what a compiled model's multiply-adds run at, at best."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    calls: dict[str, object] = {"mkl": lambda: torch.mm(a, b)}
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
+        calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    return 2 * n**3 / min(timed(calls, threads, 2).values())
+
+
+def rates(rows: list[tuple[str, dict[str, float]]], counts: dict[str, int], fastest: float) -> None:
+    """Each side's GFLOP/s and share of ``fastest``; and each peer's time over that of the same work
+    at ``fastest``: the most a model on torch's kernels could gain on that peer."""
+    print(f"\nGFLOP/s (share of torch's fastest fp32 matrix product here, {fastest / 1e9:.0f} GFLOP/s)")
+    bounds: dict[str, list[float]] = {}
+    for name, medians in rows:
+        rate = {k: counts[name] / v for k, v in medians.items()}
+        each = ", ".join(f"{k} {r / 1e9:.0f} ({r / fastest:.0%})" for k, r in rate.items())
+        print(f"  {name:9s} {counts[name] / 1e9:.1f} GFLOP a call: {each}")
+        for peer, seconds in medians.items():
+            if peer not in ("compiled", "against"):
+                bounds.setdefault(peer, []).append(seconds / (counts[name] / fastest))
+    for peer, values in bounds.items():
+        print(f"  {peer} time / the time of its work at that rate: geomean {geomean(values):.2f}x")
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -240,11 +282,11 @@ def main() -> None:
         from peerpkg import models as eager_models
 
         ratios: dict[str, list[float]] = {}
-        rows = []
+        rows, counts = [], {}
         for name in models:
             x = example(name)
             module = getattr(eager_models, name)()
-            model = compiled.load(name)
+            model, counts[name] = compiled.load(name), flops(module, x)
             with torch.no_grad():
                 torch.testing.assert_close(model(x), module(x), rtol=1e-3, atol=1e-3)
             other = compiled.load(f"{name}_against") if args.against else None
@@ -265,6 +307,8 @@ def main() -> None:
         for peer, values in ratios.items():
             each = ", ".join(f"{n} {r:.2f}x" for (n, _), r in zip(rows, values))
             print(f"  {peer:12s} geomean {geomean(values):.2f}x  ({each})")
+        fastest = peak(args.threads)
+        rates(rows, counts, fastest)
         print(
             json.dumps(
                 {
@@ -275,6 +319,8 @@ def main() -> None:
                     "against": args.against,
                     "ms": {n: {k: v * 1e3 for k, v in m.items()} for n, m in rows},
                     "geomean": {p: geomean(v) for p, v in ratios.items()},
+                    "gflop": {n: c / 1e9 for n, c in counts.items()},
+                    "peak_gflops": fastest / 1e9,
                 }
             )
         )
