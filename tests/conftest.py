@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.stash[GROUP] = groups[item.path.name]
         item.add_marker(pytest.mark.xdist_group(item.stash[GROUP]))
     config.stash[NEXT_GROUPS] = {item.stash[GROUP] for item in items if "torch_next_envs" in item.fixturenames}
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Stop a run whose groups pytest-xdist lost (its 3.8 under pytest 9.2): each process would then
+    build every shared wheel and install torch 2.14.1 again, twice the time and disk. Every test here
+    has a group, so an id without one is lost."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    lost = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("]")[2]]
+    if lost:
+        pytest.exit(
+            f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}): install the pytest that "
+            "pyproject.toml's test extra allows",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 def shared_groups(items: list[pytest.Item]) -> dict[str, str]:
