@@ -54,6 +54,12 @@ def release_trace() -> None:
         kept.clear()
 
 
+def before_compile() -> None:
+    """What a build process sets up before any backend compiles in it."""
+    use_header_store()
+    keep_gelu_apart()
+
+
 def use_header_store() -> None:
     """Keep Inductor's precompiled headers (``codecache._HEADER_DIR``) in one directory per torch
     install, removing those of installs that no longer exist: they are large and keyed by the

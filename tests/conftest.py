@@ -398,7 +398,8 @@ MIXED_HOOK = """
 def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One wheel, four models: aoti (with kernel profiling, for the CLI tests), precompile with kwargs,
     precompile with a dynamic batch, and the third-party ``export`` backend (tests/toy_backend, found
-    through its entry point)."""
+    through its entry point). Built with a temporary directory of its own (``<root>/tmp``), so that
+    what it leaves there can be seen."""
     root = write_project(
         tmp_path_factory.mktemp("mixed") / "proj",
         "mixpkg",
@@ -406,7 +407,8 @@ def mixed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         {"models.py": MIXED_MODELS},
         torch="torch==2.13.0",
     )  # precompiled models load only under the torch that built them
-    env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2"}
+    (root / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(TOY), "HATCH_AOTI_JOBS": "2", "TMPDIR": str(root / "tmp")}
     proc = build_no_isolation(root, root / "dist", env=env)
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel, proc.stderr

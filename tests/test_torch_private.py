@@ -222,3 +222,23 @@ def test_packed_weights_that_the_pass_never_saw_fail_the_compile() -> None:
     packed.made[0] = _torch_private.Packing(None, None, None, None)
     with pytest.raises(RuntimeError, match="never ran the pass"):
         packed.check()
+
+
+@pytest.mark.parametrize("backend", ["aoti", "precompile"])
+def test_each_inductor_backend_prepares_its_process_before_it_compiles(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header store and the GELU rule hold for a process only if its first compile set them up,
+    whichever backend that compile is."""
+    from hatch_aoti import backends
+
+    class Prepared(Exception):
+        pass
+
+    def prepared() -> None:
+        raise Prepared
+
+    monkeypatch.setattr(_torch_private, "before_compile", prepared)
+    request = backends.Request("m", None, {}, tmp_path / "out", tmp_path / "work")  # type: ignore[arg-type]
+    with pytest.raises(Prepared):
+        backends.get(backend).compile(request)

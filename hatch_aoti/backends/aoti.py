@@ -129,8 +129,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     from hatch_aoti import _torch_private
     from hatch_aoti.backends.pt2 import unpack_pt2
 
-    _torch_private.use_header_store()
-    _torch_private.keep_gelu_apart()
+    _torch_private.before_compile()
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()

@@ -63,10 +63,10 @@ class PrecompileBackend(Backend):
         Dynamo then guards a narrower range than declared; the regions cover the whole range."""
         import torch
 
-        from hatch_aoti._torch_private import inductor_cache, keep_gelu_apart
+        from hatch_aoti._torch_private import before_compile, inductor_cache
         from hatch_aoti.pipeline.artifacts import sha256
 
-        keep_gelu_apart()
+        before_compile()
         call = importlib.import_module(request.loader)._call
         inductor = request.work / "inductor"
         request.out.mkdir(parents=True, exist_ok=True)
