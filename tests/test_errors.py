@@ -75,9 +75,11 @@ def frontend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def failing_build(tmp_path: Path, hook_toml: str, frontend: str = "hatch") -> str:
+def failing_build(tmp_path: Path, hook_toml: str, frontend: str = "hatch", torch: str = "torch==2.13.*") -> str:
     """Build a project that must fail; the output, with the hatch table's path whatever the front end."""
-    project = write_project(tmp_path / "proj", "badpkg", hook_toml, {"models.py": MODELS}, frontend=frontend)
+    project = write_project(
+        tmp_path / "proj", "badpkg", hook_toml, {"models.py": MODELS}, frontend=frontend, torch=torch
+    )
     out = tmp_path / "out"
     proc = build_no_isolation(project, out, check=False)
     assert proc.returncode != 0, proc.stdout
@@ -223,3 +225,18 @@ def test_where_the_loader_goes_is_checked_the_same_by_both_front_ends(
         frontend,
     )
     assert f"{TABLES['hatch']}.{expected}" in text
+
+
+def test_a_precompile_factory_that_gives_other_weights_each_call_is_named_at_verify(tmp_path: Path) -> None:
+    text = failing_build(
+        tmp_path,
+        """
+        [tool.hatch.build.targets.wheel.hooks.aoti.models.single]
+        backend = "precompile"
+        factory = "badpkg.models:single"
+        inputs = [{ shape = [2, 4] }]
+        """,
+        torch="torch==2.13.0",  # precompiled models load only under the torch that built them
+    )
+    assert f"model 'single' ({M}.single) failed at verify: compiled model differs from eager" in text
+    assert "a second call of `factory` gave other weights (`lin.weight` differs)" in text

@@ -230,6 +230,28 @@ def test_verification_compares_the_inputs_after_the_call() -> None:
         verify_model(eager, sample, forgets, None, None)
 
 
+def seeded() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+
+def unseeded() -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+
+def test_a_factory_that_gives_other_weights_each_call_is_named_as_the_cause() -> None:
+    from hatch_aoti.worker.verify import rebuilt_unlike
+
+    assert rebuilt_unlike(seeded(), f"{__name__}:seeded", "precompile") is None
+    why = rebuilt_unlike(unseeded(), f"{__name__}:unseeded", "precompile")
+    assert why is not None and why.startswith("a second call of `factory` gave other weights (`0.weight` differs)")
+    assert rebuilt_unlike(unseeded(), f"{__name__}:missing", "precompile") is None, "no cause found, none told"
+
+
 # -- 3. Every call structure -------------------------------------------------------------------------
 
 

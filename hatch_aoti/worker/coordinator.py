@@ -363,7 +363,7 @@ class Coordinator:
         return True
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
-        from hatch_aoti.worker.verify import VerificationFailed, verify_model
+        from hatch_aoti.worker.verify import VerificationFailed, rebuilt_unlike, verify_model
 
         spec = miss.model.spec
         if not spec.verify:
@@ -377,7 +377,9 @@ class Coordinator:
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
             report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except VerificationFailed as exc:
-            raise ModelFailure("verify", str(exc), lasting=exc.mismatch) from None
+            rebuilt = exc.mismatch and not miss.backend.in_helpers  # its module may come from the factory
+            why = rebuilt_unlike(miss.model.module, spec.factory, miss.backend.name) if rebuilt else None
+            raise ModelFailure("verify", f"{exc}; {why}" if why else str(exc), lasting=exc.mismatch) from None
         except RuntimeError as exc:  # the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None
         except Exception as exc:

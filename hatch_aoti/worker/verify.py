@@ -320,6 +320,32 @@ def verify_model(
     return report, worst
 
 
+def rebuilt_unlike(module: torch.nn.Module, factory: str, backend: str) -> str | None:
+    """Why a model whose module is built from ``factory`` at load cannot match eager, if that is
+    why: a second call of the factory gives other weights (an unseeded initialisation)."""
+    import pkgutil
+
+    try:
+        theirs = pkgutil.resolve_name(factory)().state_dict()
+        ours = module.state_dict()
+        differs = next((k for k, v in ours.items() if k not in theirs or not _same(v, theirs[k])), None)
+    except Exception:
+        return None
+    if differs is None:
+        return None
+    return (
+        f"a second call of `factory` gave other weights (`{differs}` differs), and a model of the {backend} "
+        "backend can build its module from `factory` when it loads: make the factory return the same "
+        "weights each time (seed its initialisation, or load saved weights)"
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return bool(a == b)
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+
+
 def copied(sample: Any) -> Any:
     """A copy of a sample whose tensors are clones (same strides): a call may write into them."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), sample)
