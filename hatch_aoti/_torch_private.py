@@ -226,7 +226,7 @@ GELU_KEPT_APART: list[str] = []
 
 def keep_gelu_apart() -> None:
     """Keep Inductor from folding a GELU into the float32 oneDNN linear layer before it, as a post-op:
-    on AVX2 CPUs that post-op slows the matrix product by about a quarter, far more than the GELU
+    on AVX2 CPUs that post-op slows the matrix product by about a third, far more than the GELU
     costs as Inductor's own kernel (docs/configuration.md#fast-defaults). Inductor registers these
     fusions once per process, at its first compile, so every compile calls this first; a torch
     without this registration step keeps its fusions."""
@@ -243,11 +243,12 @@ def keep_gelu_apart() -> None:
 
     linear = torch.ops.mkldnn._linear_pointwise.default
 
-    def registering(pattern: Any, unary_attr: Any, computation_op: Any, lowp_dtype: Any = None) -> Any:
-        if unary_attr.op_name == "gelu" and computation_op is linear and lowp_dtype is None:
-            GELU_KEPT_APART.append(f"{computation_op} + gelu ({unary_attr.algorithm_attr})")
+    def registering(pattern: Any, unary_attr: Any, computation_op: Any, *rest: Any, **named: Any) -> Any:
+        lowp_dtype = rest[0] if rest else named.get("lowp_dtype")
+        if getattr(unary_attr, "op_name", None) == "gelu" and computation_op is linear and lowp_dtype is None:
+            GELU_KEPT_APART.append(f"{computation_op} + gelu ({getattr(unary_attr, 'algorithm_attr', '?')})")
             return None
-        return register(pattern, unary_attr, computation_op, lowp_dtype)
+        return register(pattern, unary_attr, computation_op, *rest, **named)
 
     registering.keeps_gelu_apart = True  # type: ignore[attr-defined]
     mkldnn_fusion._register_unary_fusion_lowering = registering

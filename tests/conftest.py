@@ -64,6 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[NEXT_GROUPS] = {item.stash[GROUP] for item in items if "torch_next_envs" in item.fixturenames}
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """Stop a run whose groups pytest-xdist lost (its 3.8 under pytest 9.2): each process would then
     build every shared wheel and install torch 2.14.1 again, twice the time and disk. Every test here

@@ -30,7 +30,7 @@ def test_the_wheel_pins_what_its_strictest_model_needs(mixed_wheel: tuple[Path, 
         assert f"aoti: {model}: compiled in" in output
 
 
-def test_every_backend_keeps_inductors_precompiled_headers_in_the_store(mixed_wheel: tuple[Path, str]) -> None:
+def test_the_builtin_backends_keep_inductors_precompiled_headers_in_the_store(mixed_wheel: tuple[Path, str]) -> None:
     """Inductor keys its precompiled headers (over 100 MB each) by the torch install's path, and an
     isolated build's install is new each time: outside the store, each build would leave one."""
     (headers,) = (mixed_wheel[0].parent.parent / "tmp").glob("torchinductor_*/precompiled_headers")

@@ -239,4 +239,4 @@ def test_a_precompile_factory_that_gives_other_weights_each_call_is_named_at_ver
         torch="torch==2.13.0",  # precompiled models load only under the torch that built them
     )
     assert f"model 'single' ({M}.single) failed at verify: compiled model differs from eager" in text
-    assert "a second call of `factory` gave other weights (`lin.weight` differs)" in text
+    assert "two calls of `factory` gave other weights (`lin.weight` differs)" in text

@@ -233,8 +233,9 @@ def test_verification_compares_the_inputs_after_the_call() -> None:
 def seeded() -> Any:
     import torch
 
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
 
 
 def unseeded() -> Any:
@@ -244,12 +245,17 @@ def unseeded() -> Any:
 
 
 def test_a_factory_that_gives_other_weights_each_call_is_named_as_the_cause() -> None:
+    from types import SimpleNamespace
+
     from hatch_aoti.worker.verify import rebuilt_unlike
 
-    assert rebuilt_unlike(seeded(), f"{__name__}:seeded", "precompile") is None
-    why = rebuilt_unlike(unseeded(), f"{__name__}:unseeded", "precompile")
-    assert why is not None and why.startswith("a second call of `factory` gave other weights (`0.weight` differs)")
-    assert rebuilt_unlike(unseeded(), f"{__name__}:missing", "precompile") is None, "no cause found, none told"
+    def spec(factory: str) -> Any:
+        return SimpleNamespace(factory=f"{__name__}:{factory}", path="models.m", device="cpu")
+
+    assert rebuilt_unlike(spec("seeded"), "precompile") is None
+    why = rebuilt_unlike(spec("unseeded"), "precompile")
+    assert why is not None and why.startswith("two calls of `factory` gave other weights (`0.weight` differs)")
+    assert rebuilt_unlike(spec("missing"), "precompile") is None, "no cause found, none told"
 
 
 # -- 3. Every call structure -------------------------------------------------------------------------

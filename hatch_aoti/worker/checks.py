@@ -56,7 +56,7 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
         )
         return None
     configs = inductor_settings(spec.inductor_configs, f"{path}.inductor-configs", problems)
-    module = _module(spec, problems)
+    module = factory_module(spec, problems)
     if module is None or configs is None:
         return None
     inputs_key = "example-inputs" if spec.example_inputs else "inputs"
@@ -91,7 +91,8 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
     return Prepared(spec, module, plan, configs, mutated, replan)
 
 
-def _module(spec: ModelSpec, problems: list[Problem]) -> Any:
+def factory_module(spec: ModelSpec, problems: list[Problem]) -> Any:
+    """The model's module as its factory builds it, on its device, in eval mode; ``None`` with the problem."""
     import torch
 
     path = f"{spec.path}.factory"

@@ -377,8 +377,8 @@ class Coordinator:
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
             report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except VerificationFailed as exc:
-            rebuilt = exc.mismatch and not miss.backend.in_helpers  # its module may come from the factory
-            why = rebuilt_unlike(miss.model.module, spec.factory, miss.backend.name) if rebuilt else None
+            rebuilt = exc.mismatch and "module" in entry.get("needs", {})  # built by the factory at load
+            why = rebuilt_unlike(spec, miss.backend.name) if rebuilt else None
             raise ModelFailure("verify", f"{exc}; {why}" if why else str(exc), lasting=exc.mismatch) from None
         except RuntimeError as exc:  # the loader refused this machine
             raise ModelFailure("verify", str(exc)) from None

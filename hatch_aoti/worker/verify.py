@@ -320,22 +320,22 @@ def verify_model(
     return report, worst
 
 
-def rebuilt_unlike(module: torch.nn.Module, factory: str, backend: str) -> str | None:
-    """Why a model whose module is built from ``factory`` at load cannot match eager, if that is
-    why: a second call of the factory gives other weights (an unseeded initialisation)."""
-    import pkgutil
+def rebuilt_unlike(spec: Any, backend: str) -> str | None:
+    """Why a model whose module is built by its factory at load cannot match eager, if that is why:
+    two calls of the factory give other weights (an unseeded initialisation)."""
+    from hatch_aoti.worker.checks import factory_module
 
     try:
-        theirs = pkgutil.resolve_name(factory)().state_dict()
-        ours = module.state_dict()
+        first, second = factory_module(spec, []), factory_module(spec, [])
+        ours, theirs = first.state_dict(), second.state_dict()
         differs = next((k for k, v in ours.items() if k not in theirs or not _same(v, theirs[k])), None)
-    except Exception:
+    except Exception:  # no cause found: the mismatch is told as it is
         return None
     if differs is None:
         return None
     return (
-        f"a second call of `factory` gave other weights (`{differs}` differs), and a model of the {backend} "
-        "backend can build its module from `factory` when it loads: make the factory return the same "
+        f"two calls of `factory` gave other weights (`{differs}` differs), and a model of the {backend} "
+        "backend builds its module from `factory` when it loads: make the factory return the same "
         "weights each time (seed its initialisation, or load saved weights)"
     )
 
