@@ -163,6 +163,20 @@ def private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield root
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What the tests' processes put in the temporary directory stays in the session's, which a
+    passing run removes: Inductor's precompiled headers among it, over 100 MB for each torch install
+    that compiles or loads a precompiled model, and each session's venvs are new installs. The
+    processes of one run share it (under pytest-xdist, the parent of each one's directory)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tmp"
+    root.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(root))
+        yield root
+
+
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """hatch-aoti's own wheel, so isolated builds can install it from `PIP_FIND_LINKS`."""
