@@ -168,12 +168,14 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """What the tests' processes put in the temporary directory stays in the session's, which a
     passing run removes: Inductor's precompiled headers among it, over 100 MB for each torch install
     that compiles or loads a precompiled model, and each session's venvs are new installs. The
-    processes of one run share it (under pytest-xdist, the parent of each one's directory)."""
+    processes of one run share it (under pytest-xdist, the parent of each one's directory); the test
+    process itself uses it too (``hatch-aoti verify --import-package`` loads precompiled models there)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tmp"
     root.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(root))
+        mp.setattr(tempfile, "tempdir", str(root))
         yield root
 
 
