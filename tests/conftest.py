@@ -43,10 +43,11 @@ def run(cmd: list[str], *, check: bool = True, **kwargs) -> subprocess.Completed
 TORCH_NEXT = os.environ.get("HATCH_AOTI_TEST_TORCH_NEXT", "2.14.1")
 
 
-#: Session fixtures cheap enough for each test process to make its own (under pytest-xdist).
+#: Session fixtures cheap enough for each test process to make its own (under pytest-xdist). An
+#: autouse one must be here: every test uses it, so it would put the whole suite in one group.
 PER_PROCESS = frozenset(
     {"private_compile_cache", "wheelhouse", "build_env", "torch_venv", "runtime", "dev_venv", "tmp_session"}
-    | {"s3_server"}
+    | {"s3_server", "private_tmpdir"}
 )
 GROUP = pytest.StashKey[str]()
 NEXT_GROUPS = pytest.StashKey[set[str]]()
