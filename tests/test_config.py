@@ -104,6 +104,45 @@ def test_error_message_lists_each_path() -> None:
             "m.dynamic.n.mx",
             "did you mean `max`",
         ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": ["n"]}], "dynamic": {"n": {"min": 5, "max": 5}}},
+            "m.dynamic.n",
+            "min (5) is equal to max (5); a size that cannot vary is not dynamic",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": ["n"]}], "dynamic": {"n": {"max": 2**70}}},
+            "m.dynamic.n.max",
+            "2**62",
+        ),
+        # integers are drawn from [low, high), 0 and 100 by default, and must fit the dtype
+        (
+            {"factory": "a:b", "inputs": [{"shape": [2], "dtype": "int64", "low": 200}]},
+            "m.inputs[0]",
+            "(200) must be below `high` (100",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": [2], "dtype": "long", "high": -5}]},
+            "m.inputs[0]",
+            "(0) must be below `high` (-5",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": [2], "dtype": "int64", "low": 0.2}]},
+            "m.inputs[0].low",
+            "whole number",
+        ),
+        (
+            {"factory": "a:b", "inputs": [{"shape": [2], "dtype": "uint8", "low": -5, "high": 3}]},
+            "m.inputs[0]",
+            "[0, 255]",
+        ),
+        ({"factory": "a:b", "inputs": [{"shape": [2], "dtype": "int8", "high": 1000}]}, "m.inputs[0]", "[-128, 127]"),
+        ({"factory": "a:b\n", "inputs": []}, "m.factory", "module:attr"),
+        ({"factory": "a:b", "inputs": [], "device": "cpu\n"}, "m.device", "cuda"),
+        (
+            {"factory": "a:b", "inputs": [], "weights": "external", "weights-url": "https://[::1/{file}"},
+            "m.weights-url",
+            "is not a URL (Invalid IPv6 URL)",
+        ),
     ],
 )
 def test_model_problems(model: dict, path: str, fragment: str) -> None:
@@ -124,8 +163,14 @@ def test_hook_level_problems() -> None:
 
 
 def test_model_names_must_be_identifiers() -> None:
-    found = problems({"models": {"my-model": {"factory": "a:b", "inputs": []}}})
-    assert "identifiers" in found[f"{M}.my-model"]
+    found = problems({"models": {name: {"factory": "a:b", "inputs": []} for name in ("my-model", "class", "bert\n")}})
+    assert "identifiers" in found[f"{M}.my-model"] and "not Python keywords" in found[f"{M}.class"]
+    assert "identifiers" in found[f'{M}."bert\\n"'], found  # quoted as TOML quotes it
+
+
+def test_integer_inputs_within_their_dtype_parse() -> None:
+    spec = {"shape": [2], "dtype": "int8", "low": -128, "high": 128}
+    assert parse_settings({"models": {"m": {"factory": "a:b", "inputs": [spec]}}}).models[0].inputs[0].low == -128
 
 
 def test_dtype_aliases_are_canonical_and_dims_named() -> None:
@@ -215,6 +260,29 @@ def test_torch_requirement_must_allow_the_build_torch() -> None:
     assert "'torch==2.12.*' does not allow the torch in the build environment (2.13.0+cpu)" in message
 
 
+@pytest.mark.parametrize(
+    ("requirement", "backend", "fragment"),
+    [
+        ("torch>=2.13", "aoti", "'torch>=2.13' allows every later torch"),
+        ("torch", "aoti", "'torch' allows every later torch"),
+        ("torch>=2.13,<2.15", "precompile", 'load only under torch==2.13.0: state "torch==2.13.0"'),
+    ],
+)
+def test_the_torch_requirement_key_is_bounded_and_exact_for_precompiled_models(
+    requirement: str, backend: str, fragment: str
+) -> None:
+    """As a requirement in ``[project] dependencies`` is: the key reaches the wheel where the front end adds it."""
+    from hatch_aoti.pipeline.core import wheel_pins
+
+    model = {"factory": "a:b", "inputs": [], "backend": backend}
+    settings = parse_settings({"torch-requirement": requirement, "models": {"m": model}})
+    with pytest.raises(ConfigError) as info:
+        wheel_pins(settings, "2.13.0")
+    assert fragment in dict(info.value.problems)[f"{HATCH_TABLE}.torch-requirement"]
+    exact = parse_settings({"torch-requirement": "torch==2.13.0", "models": {"m": model}})
+    assert wheel_pins(exact, "2.13.0").torch == "torch==2.13.0"
+
+
 def test_the_reference_and_the_schema_are_generated_from_the_settings() -> None:
     from pathlib import Path
 
@@ -244,6 +312,7 @@ def test_validate_pyproject_checks_the_table_with_the_schema() -> None:
         ({"models": {"m": {"factory": "a:b", "inptus": []}}}, "`tool.hatch-aoti.models.m`"),
         ({"models": {"m": {"factory": "a:b", "dynamic": {"n": {"min": "1"}}}}}, "min"),
         ({"models": {"bad-name": {"factory": "a:b"}}}, "`tool.hatch-aoti.models` keys must be named"),
+        ({"models": {"class": {"factory": "a:b"}}}, "`tool.hatch-aoti.models` keys must be named"),
     ):
         with pytest.raises(Exception, match=where) as info:
             validator({**document, "tool": {"hatch-aoti": misspelt}})

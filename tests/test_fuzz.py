@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from hatch_aoti.settings import config
 from hatch_aoti.settings.config import DTYPES, HATCH_TABLE, ConfigError, parse_settings
 from hatch_aoti.settings.cpu_targets import X86_64_V4
 
 VALID: dict[str, Any] = {
     "package": "pkg",
     "loader": "compiled",
-    "torch-requirement": "torch>=2.13",
+    "torch-requirement": "torch>=2.13,<2.15",
     "cpu-target": "x86-64-v3",
     "models": {
         "mlp": {
@@ -76,7 +77,10 @@ def _at(table: Any, where: tuple[Any, ...]) -> Any:
 
 
 def toml_path(where: tuple[Any, ...]) -> str:
-    return HATCH_TABLE + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
+    path = HATCH_TABLE
+    for part in where:
+        path = f"{path}[{part}]" if isinstance(part, int) else config.toml_path(path, part)
+    return path
 
 
 def related(problem: str, mutated: str) -> bool:

@@ -175,6 +175,17 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
         raise ConfigError(problems)
     user = torch_requirement(settings, torch_version)
     pins = [used[name].pins(torch_version) for name in used]
+    for pin in pins:
+        if pin.torch != series(torch_version) and user not in (pin.torch, series(torch_version)):
+            raise ConfigError(
+                [
+                    (
+                        f"{settings.table}.torch-requirement",
+                        f"{user!r} allows other torch releases, but precompiled models load only under "
+                        f'{pin.torch}: state "{pin.torch}", or leave the key out',
+                    )
+                ]
+            )
     pins = [backends.Pins(user, p.python_tag) if p.torch == series(torch_version) else p for p in pins]
     try:
         return backends.combined_pins(pins)
@@ -198,6 +209,17 @@ def torch_requirement(settings: Settings, torch_version: str) -> str:
                     f"{settings.torch_requirement!r} does not allow the torch in the build environment "
                     f"({torch_version}); the wheel would ask for a torch its models were not compiled "
                     "for. Change it, or the torch in `[build-system] requires`",
+                )
+            ]
+        )
+    if Requirement(settings.torch_requirement).specifier.contains("999", prereleases=True):
+        raise ConfigError(
+            [
+                (
+                    f"{settings.table}.torch-requirement",
+                    f"{settings.torch_requirement!r} allows every later torch, but compiled models load only on "
+                    f'the releases they were built for or verified with: state "{series(torch_version)}" (the '
+                    "default), or a window with an upper bound checked with `hatch-aoti verify WHEEL --torch VERSION`",
                 )
             ]
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import keyword
 import math
 import os
@@ -53,10 +54,19 @@ DTYPES: dict[str, str] = {
     "float8_e5m2": "float8_e5m2",
 }
 
-_ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RULE = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:\*\s*(\d+)\s*)?(?:([+-])\s*(\d+)\s*)?$")
+#: The values each integer dtype holds (uint64's as far as the generator's int64 reaches).
+INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    **{f"int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64)},
+    **{f"uint{b}": (0, min(2**b, 2**63) - 1) for b in (8, 16, 32, 64)},
+}
+#: The largest size a dim may be declared with: torch.export's own bounds stop below it.
+MAX_SIZE = 2**62
+
+_ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)\Z")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_RULE = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*(?:\*\s*(\d+)\s*)?(?:([+-])\s*(\d+)\s*)?\Z")
 
 
 def parse_rule(text: str) -> tuple[str, int, int] | None:
@@ -206,13 +216,21 @@ def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | 
             return _INVALID
         for name in value:
             if dataclasses.is_dataclass(args[1]) and not is_identifier(name):
-                problems.add(f"{path}.{name}", "names here must be Python identifiers (letters, digits, `_`)")
-        items = {k: conform(args[1], v, f"{path}.{k}", problems) for k, v in value.items()}
+                problems.add(
+                    toml_path(path, name),
+                    "names here must be Python identifiers (ASCII letters, digits, `_`) and not Python keywords",
+                )
+        items = {k: conform(args[1], v, toml_path(path, k), problems) for k, v in value.items()}
         return {k: v for k, v in items.items() if v is not _INVALID}
     if _matches(tp, value):
         return value
     problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
     return _INVALID
+
+
+def toml_path(path: str, name: str) -> str:
+    """``path.name``, the name quoted as TOML writes it where it is not a bare key."""
+    return f"{path}.{name}" if _BARE_KEY.match(name) else f"{path}.{json.dumps(name)}"
 
 
 def is_identifier(name: Any) -> bool:
@@ -254,7 +272,7 @@ def unknown_keys(table: dict[str, Any], allowed: tuple[str, ...], path: str, pro
         if name in allowed:
             continue
         hint = did_you_mean(str(name), allowed) or f"; known keys: {', '.join(allowed)}"
-        problems.add(f"{path}.{name}", f"unknown key{hint}")
+        problems.add(toml_path(path, name), f"unknown key{hint}")
 
 
 def reference(cls: type) -> Iterator[tuple[str, str, str]]:
@@ -339,7 +357,11 @@ def _weights_url(value: str, path: str, problems: Problems) -> Any:
     import string
     import urllib.parse
 
-    scheme = urllib.parse.urlsplit(value).scheme
+    try:
+        scheme = urllib.parse.urlsplit(value).scheme
+    except ValueError as exc:  # a malformed host, such as an unclosed IPv6 bracket
+        problems.add(path, f"is not a URL ({exc}): {value!r}")
+        return _INVALID
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
     except ValueError:
@@ -452,8 +474,24 @@ class TensorSpec:
             return
         if self.dtype == "bool" and (self.low is not None or self.high is not None):
             problems.add(path, "`low`/`high` do not apply to bool inputs (they are random true/false values)")
+        elif self.dtype in INTEGER_RANGES:
+            self._integer_rules(path, problems)
         elif self.low is not None and self.high is not None and self.low >= self.high:
             problems.add(path, f"`low` ({self.low}) must be below `high` ({self.high})")
+
+    def _integer_rules(self, path: str, problems: Problems) -> None:
+        """The generator's ``[low, high)`` for integers (default ``[0, 100)``) must hold a value of the dtype."""
+        smallest, largest = INTEGER_RANGES[self.dtype]
+        for name, value in (("low", self.low), ("high", self.high)):
+            if value is not None and value != int(value):
+                problems.add(f"{path}.{name}", f"must be a whole number for {self.dtype} inputs, not {value}")
+                return
+        low = int(self.low) if self.low is not None else max(0, smallest)
+        high = int(self.high) if self.high is not None else min(100, largest)
+        if low >= high:
+            problems.add(path, f"`low` ({low}) must be below `high` ({high}; the default `low` is 0, `high` 100)")
+        elif low < smallest or high - 1 > largest:
+            problems.add(path, f"[{low}, {high}) is outside what {self.dtype} holds, [{smallest}, {largest}]")
 
 
 @dataclass(frozen=True)
@@ -466,8 +504,17 @@ class DimSpec:
     max: int | None = key("largest size the compiled model accepts", check=_at_least_zero)
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
-        if ok("min", "max") and self.min is not None and self.max is not None and self.min > self.max:
-            problems.add(path, f"min ({self.min}) is greater than max ({self.max})")
+        if not ok("min", "max"):
+            return
+        if self.max is not None and self.max > MAX_SIZE:
+            problems.add(f"{path}.max", f"must be at most 2**62 ({MAX_SIZE}), not {self.max}")
+        elif self.min is not None and self.max is not None and self.min >= self.max:
+            same = self.min == self.max
+            problems.add(
+                path,
+                f"min ({self.min}) is {'equal to' if same else 'greater than'} max ({self.max})"
+                + ("; a size that cannot vary is not dynamic: write it in `shape`" if same else ""),
+            )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ The reader stays the authority; the schema checks keys and types, not the rules 
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import types
 import typing
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 from hatch_aoti.settings.config import Key, Table, toml_keys
 
 ID = "urn:hatch-aoti:tool.hatch-aoti"
-IDENTIFIER = "^[A-Za-z_][A-Za-z0-9_]*$"
+#: What :func:`hatch_aoti.settings.config.is_identifier` accepts, as an ECMA-262 pattern.
+IDENTIFIER = f"^(?!(?:{'|'.join(keyword.kwlist)})$)[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def tool_schema(tool_name: str = "hatch-aoti") -> dict[str, Any]:
