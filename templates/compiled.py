@@ -14,6 +14,7 @@ checked against the eager models then.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import io
@@ -532,7 +533,16 @@ class _CompiledModel:
             i for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf) if leaf.get("mutated")
         ]
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
+        # row indices into a table: out of range, the kernel's bounds check would end the process
+        self._index_rows = [
+            (i, leaf["index_rows"])
+            for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf)
+            if "index_rows" in leaf
+        ]
+        self._aminmax = torch.aminmax
+        self._unsafe = _unsafe_writes(torch, self._mutated) if self._mutated else None
         self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
+        self._signature: list[dict[str, Any]] = entry.get("signature") or []
 
     def _aoti(self, torch: Any, entry: Entry) -> Any:
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
@@ -580,6 +590,10 @@ class _CompiledModel:
         """Tensor inputs in the compiled order, after checking the call's structure."""
         unknown = sorted(set(kwargs) - set(self._kwarg_names))
         missing = [k for k in self._kwarg_names if k not in kwargs]
+        if (unknown or missing or len(args) != self._n_args) and self._signature:
+            args, kwargs = _exported_layout(self._signature, self._n_args, self._kwarg_names, args, kwargs)
+            unknown = sorted(set(kwargs) - set(self._kwarg_names))
+            missing = [k for k in self._kwarg_names if k not in kwargs]
         if unknown or missing or len(args) != self._n_args:
             raise TypeError(
                 f"compiled model {self.name!r} takes {self._n_args} positional input(s) and keyword "
@@ -629,6 +643,32 @@ class _CompiledModel:
                         f"gave {root} = {seen[0]}; the inputs must agree on it"
                     )
         raise AssertionError("no input was rejected")
+
+    def _check_writes(self, tensors: list[Any]) -> None:
+        """Raise for an input the model writes into that eager would refuse to write, or that shares
+        memory with another input: the compiled code reads every input as it was before the call."""
+        problem = self._unsafe(tensors) if self._unsafe is not None else None
+        if problem is not None:
+            kind, position, other = problem
+            where = f"compiled model {self.name!r}: input {position}, which the model writes into,"
+            if kind == "overlap":
+                raise ValueError(
+                    f"{where} shares memory with input {other}; the compiled model reads each input as it "
+                    "was before the call, where eager would see the write: pass a copy (`.clone()`)"
+                )
+            raise RuntimeError(f"{where} {kind}")
+
+    def _check_indices(self, tensors: list[Any]) -> None:
+        """Raise eager's IndexError for an index input with a value outside its table."""
+        for position, rows in self._index_rows:
+            tensor = tensors[position]
+            if tensor.numel():
+                low, high = (int(v) for v in self._aminmax(tensor))
+                if low < 0 or high >= rows:
+                    raise IndexError(
+                        f"compiled model {self.name!r}: input {position} indexes a table of {rows} rows, "
+                        f"so its values must be in [0, {rows}); got {low if low < 0 else high}"
+                    )
 
 
 #: Which of the weights the build recorded the loader packs into oneDNN's layouts for this CPU
@@ -723,7 +763,25 @@ def _problems(name: str, torch: Any = None) -> list[str]:
         _pack_ops()
     except ValueError as exc:
         found.append(f"cannot load here: {exc}")
+    found.append(_damaged(name, entry))
     return [p for p in found if p]
+
+
+def _damaged(name: str, entry: Entry) -> str | None:
+    """A shipped file that is missing or of another size than the build wrote: loaded, a cut library
+    ends the process (SIGBUS), a cut weights file fails with a bare torch error."""
+    external = entry.get("weights", {}).get("external") is not None
+    for rel, size in entry.get("sizes", {}).items():
+        if external and rel == entry["weights"]["file"]:
+            continue  # fetched into the cache, and verified there
+        try:
+            found: int | None = os.path.getsize(os.path.join(_HERE, name, rel))
+        except OSError:
+            found = None
+        if found != size:
+            state = "is missing" if found is None else f"has {found} bytes, not the {size} it was built with"
+            return f"cannot load: its file {rel} {state}; the install is damaged (reinstall the package)"
+    return None
 
 
 def _cpu_problem(
@@ -924,11 +982,22 @@ def _calling(engine: _CompiledModel, tensors: list[str], env: dict[str, Any]) ->
             lines.append(f"        c{position} = {var}.resolve_conj().resolve_neg().contiguous()")
         else:
             lines.append(f"        c{position} = {var} if {var}.is_contiguous() else {var}.contiguous()")
-    lines.append(f"        o = _run([{', '.join(f'c{p}' for p in range(len(tensors)))}])")
+    copies = ", ".join(f"c{p}" for p in range(len(tensors)))
+    lines.append(f"        o = _run([{copies}])")
     for position in engine._mutated:  # the caller's tensor changes as it would in eager
         lines.append(f"        if c{position} is not {tensors[position]}: {tensors[position]}.copy_(c{position})")
+    if tensors:  # an output that is an input is the caller's tensor, not the loader's copy of it
+        env["_callers"] = _callers
+        copied = " or ".join(f"c{p} is not {var}" for p, var in enumerate(tensors))
+        lines.append(f"        if {copied}: o = _callers(o, [{copies}], [{', '.join(tensors)}])")
     lines.append(f"        return {_output_expr(engine, env)}")
     return lines
+
+
+def _callers(outputs: list[Any], prepared: list[Any], tensors: list[Any]) -> list[Any]:
+    """``outputs``, each that is one of the loader's copies of an input replaced by that input."""
+    mine = {id(c): t for c, t in zip(prepared, tensors) if c is not t}
+    return [mine.get(id(o), o) for o in outputs]
 
 
 def _inline_checks(engine: _CompiledModel, leaves: list[str], lines: list[str], env: dict[str, Any]) -> bool:
@@ -967,6 +1036,17 @@ def _inline_checks(engine: _CompiledModel, leaves: list[str], lines: list[str], 
             else:
                 roots[root] = f"r{len(roots)}"
                 lines.append(f"        {roots[root]} = {value}")
+    if engine._index_rows:
+        env["_aminmax"] = engine._aminmax
+    if engine._unsafe is not None:  # the generic path raises the error
+        env["_unsafe"] = engine._unsafe
+        tensors = [leaves[i] for i in engine._tensor_index]
+        lines.append(f"        if _unsafe([{', '.join(tensors)}]) is not None: raise _Miss")
+    for position, rows in engine._index_rows:  # out of range: the generic path raises the IndexError
+        var = leaves[engine._tensor_index[position]]
+        lines.append(f"        if {var}.numel():")
+        lines.append(f"            lo, hi = _aminmax({var})")
+        lines.append(f"            if int(lo) < 0 or int(hi) >= {rows}: raise _Miss")
     return True
 
 
@@ -1012,9 +1092,92 @@ def _finisher(engine: _CompiledModel) -> Callable[[list[Any], list[Any], list[An
 
     def finish(tensors: list[Any], prepared: list[Any], flat: list[Any]) -> Any:
         _write_back(tensors, prepared, mutated)
-        return outputs(flat)
+        return outputs(_callers(flat, prepared, tensors))
 
     return finish
+
+
+_OPAQUE = object()  # the default of a parameter whose default the manifest does not hold
+
+
+def _exported_layout(
+    signature: list[dict[str, Any]], n_args: int, kwarg_names: tuple[str, ...], args: Any, kwargs: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call as ``forward`` takes it (arguments by name, defaults left out), laid out as the model was
+    exported: its first ``n_args`` positional inputs, then ``kwarg_names``. A call ``forward`` would not
+    take, or one that gives a value to an argument the export left at its default, comes back as it was
+    (the caller's error is then raised)."""
+    import inspect
+
+    kinds = inspect.Parameter
+    params = [
+        kinds(
+            p["name"],
+            getattr(kinds, p["kind"]),
+            default=_OPAQUE if p.get("opaque_default") else p.get("default", kinds.empty),
+        )
+        for p in signature
+    ]
+    try:
+        bound = inspect.Signature(params).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    bound.apply_defaults()
+    values = bound.arguments
+    positional: list[tuple[str | None, Any]] = []
+    named: dict[str, Any] = {}
+    for p in params:
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD):
+            positional.append((p.name, values[p.name]))
+        elif p.kind is kinds.VAR_POSITIONAL:
+            positional.extend((None, v) for v in values[p.name])
+        elif p.kind is kinds.KEYWORD_ONLY:
+            named[p.name] = values[p.name]
+        else:
+            named.update(values[p.name])
+    if any(n is None for n, _ in positional[n_args:]):
+        return args, kwargs  # more positional inputs than the export had
+    named.update((n, v) for n, v in positional[n_args:] if n is not None)
+    layout = tuple(v for _, v in positional[:n_args]), {k: named.pop(k) for k in kwarg_names if k in named}
+    defaults = {p.name: p.default for p in params}
+    for key, value in named.items():  # left out of the export: only their defaults can reach the model
+        default = defaults.get(key, kinds.empty)
+        if value is _OPAQUE or not (value is default or (type(value) is type(default) and value == default)):
+            return args, kwargs
+    if any(v is _OPAQUE for v in (*layout[0], *layout[1].values())):
+        return args, kwargs
+    return layout
+
+
+def _unsafe_writes(torch: Any, mutated: list[int]) -> Callable[[list[Any]], tuple[str, int, int] | None]:
+    """A check of the inputs a model writes into: what eager would refuse (a leaf that requires grad,
+    an inference tensor outside inference mode), or another input sharing its memory; None if fine."""
+    grad_on, inference_on = torch.is_grad_enabled, torch.is_inference_mode_enabled
+
+    def extent(t: Any) -> tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+        return start, start + (last + 1) * t.element_size()
+
+    def unsafe(tensors: list[Any]) -> tuple[str, int, int] | None:
+        for position in mutated:
+            t = tensors[position]
+            if t.requires_grad and t.is_leaf and grad_on():
+                return "is a leaf tensor that requires grad, which eager cannot write into either", position, -1
+            if t.is_inference() and not inference_on():
+                return "is an inference tensor, which eager writes into only under inference mode", position, -1
+        if len(tensors) > 1:
+            for position in mutated:
+                t = tensors[position]
+                memory, (low, high) = t.untyped_storage().data_ptr(), extent(t)
+                for other, u in enumerate(tensors):
+                    if other != position and u.untyped_storage().data_ptr() == memory:
+                        start, end = extent(u)
+                        if start < high and low < end:
+                            return "overlap", position, other
+        return None
+
+    return unsafe
 
 
 def _contiguous(tensors: list[Any]) -> list[Any]:
@@ -1038,6 +1201,7 @@ def _checked(engine: _CompiledModel) -> Callable[..., Any]:
 def _checker(engine: _CompiledModel) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
     """A function from a call's inputs to its tensors in compiled order, raising for any that does not fit."""
     flatten, reject, checks, strided = engine._flatten, engine._reject, engine._checks, engine._strided
+    indices, writes = bool(engine._index_rows), engine._unsafe is not None
 
     def tensors_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         tensors = flatten(args, kwargs)
@@ -1056,6 +1220,10 @@ def _checker(engine: _CompiledModel) -> Callable[[tuple[Any, ...], dict[str, Any
                 ok = False
             if not ok:
                 reject(tensors)
+        if indices:
+            engine._check_indices(tensors)
+        if writes:
+            engine._check_writes(tensors)
         return tensors
 
     return tensors_of
@@ -1465,15 +1633,16 @@ class _Container:
 class _Pool:
     """Containers of one instance each, made as calls come in at once, up to ``limit``: a call takes the
     one used last (its memory still in the CPU's caches, where a container of several instances would
-    hand them out in turn), and a call finding all busy waits for one.
+    hand them out in turn), and a call finding all busy waits for one, handed on to the calls waiting in
+    the order they came (the call giving it back holds the GIL, and would take it again first).
     The runner methods go to every container, the ones made later included."""
 
     def __init__(self, make: Callable[[], Any], limit: int) -> None:
         first = make()
         self._make, self._limit, self._all, self._free = make, limit, [first], [first]
         self._updates: list[tuple[Any, ...]] = []
-        self._lock = threading.Condition()
-        self._waiting = 0
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[list[Any]] = collections.deque()
         self.get_call_spec, self.get_constant_names_to_original_fqns = (
             first.get_call_spec,
             first.get_constant_names_to_original_fqns,
@@ -1487,39 +1656,73 @@ class _Pool:
                 container.update_constant_buffer(*args)
 
     def _runner(self) -> Callable[[list[Any]], list[Any]]:
-        free, take, lock = self._free, self._take, self._lock
+        free, waiting, take, hand_on = self._free, self._waiting, self._take, self._hand_on
 
         def run(inputs: list[Any]) -> list[Any]:
-            try:
-                container = free.pop()  # atomic under the GIL: the path of every call that finds one free
-            except IndexError:
+            if waiting:  # they go first
                 container = take()
+            else:
+                try:
+                    container = free.pop()  # atomic under the GIL: the path of every call that finds one free
+                except IndexError:
+                    container = take()
             try:
                 return container.run(inputs)  # type: ignore[no-any-return]
             finally:
                 free.append(container)
-                if self._waiting:
-                    with lock:
-                        lock.notify()
+                if waiting:
+                    hand_on()
 
         return run
 
     def _take(self) -> Any:
+        """A free container, a new one, or the one handed on to this call when its turn comes. A call
+        joins the queue before it looks at the free ones, and a call giving one back looks at the queue
+        after: one of the two sees the other."""
         with self._lock:
-            while True:
-                if self._free:
-                    return self._free.pop()
-                if len(self._all) < self._limit:
-                    container = self._make()
-                    for args in self._updates:
-                        container.update_constant_buffer(*args)
-                    self._all.append(container)
-                    return container
-                self._waiting += 1
-                try:
-                    self._lock.wait(0.1)
-                finally:
-                    self._waiting -= 1
+            container = None if self._waiting else self._pop()
+            if container is None and len(self._all) < self._limit:
+                container = self._make()
+                for args in self._updates:
+                    container.update_constant_buffer(*args)
+                self._all.append(container)
+            if container is not None:
+                return container
+            waiter = [threading.Lock()]  # its gate, then the container handed to it
+            waiter[0].acquire()
+            self._waiting.append(waiter)
+            self._hand_out()
+        try:
+            waiter[0].acquire()
+        except BaseException:  # interrupted (KeyboardInterrupt): the container goes on to the next call
+            with self._lock:
+                if any(w is waiter for w in self._waiting):
+                    self._waiting.remove(waiter)
+                elif len(waiter) > 1:
+                    self._free.append(waiter[1])
+                    self._hand_out()
+            raise
+        return waiter[1]
+
+    def _hand_on(self) -> None:
+        with self._lock:
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Free containers to the calls waiting, first come first; under the lock."""
+        while self._waiting:
+            container = self._pop()
+            if container is None:
+                return
+            waiter = self._waiting.popleft()
+            waiter.append(container)
+            waiter[0].release()
+
+    def _pop(self) -> Any:
+        try:
+            return self._free.pop()  # calls that find one free take it without the lock
+        except IndexError:
+            return None
 
 
 #: How many calls of one model may run at once (``HATCH_AOTI_INSTANCES``): the loader holds up to that many

@@ -211,6 +211,35 @@ def test_inputs_are_written_as_eager_writes_them(fidelity: Runtime, fidelity_whe
     assert "mutates: compiled in" in fidelity_wheel[1], "a model that writes its input builds and verifies"
 
 
+@pytest.mark.integration
+def test_inputs_are_checked_as_eager_would_and_bound_to_forward(fidelity: Runtime) -> None:
+    """Inputs passed by name reach the model; an input the model writes into may not share memory with
+    another (the compiled code would not see the write); nothing of the manifest's signature is lost."""
+    result = in_runtime(
+        fidelity,
+        """
+        model, eager = compiled.load("mutates"), models.mutates()
+        x, y = torch.rand(4, 3), torch.rand(4, 3)
+        ex, ey = x.clone(), y.clone()
+        assert_close(model(y=y, x=x), eager(ex, ey))
+        assert_close(x, ex)
+        both = torch.rand(4, 3)
+        try:
+            model(both, both)
+            shared = None
+        except ValueError as exc:
+            shared = str(exc)
+        signature = compiled.info("mutates")["signature"]
+        print(json.dumps({"shared": shared, "signature": signature}))
+    """,
+    )
+    assert result["signature"] == [
+        {"name": "x", "kind": "POSITIONAL_OR_KEYWORD"},
+        {"name": "y", "kind": "POSITIONAL_OR_KEYWORD"},
+    ]
+    assert "input 0, which the model writes into, shares memory with input 1" in result["shared"]
+
+
 def test_verification_compares_the_inputs_after_the_call() -> None:
     import torch
 
@@ -288,7 +317,9 @@ def test_keyword_nested_and_dict_calls_match_eager(fidelity: Runtime) -> None:
     assert result["errors"] == ["TypeError", "TypeError", "TypeError", "TypeError", "ValueError"]
 
 
-def fake_model(loader: Any, inputs: Any, outputs: Any, run: Any, **leaf: Any) -> Any:
+def fake_model(
+    loader: Any, inputs: Any, outputs: Any, run: Any, signature: list[dict[str, Any]] | None = None, **leaf: Any
+) -> Any:
     """The loader's call function for a model of these input and output structures (example values), whose
     runner is ``run``: the generated code without a compiled library."""
     import types
@@ -314,13 +345,17 @@ def fake_model(loader: Any, inputs: Any, outputs: Any, run: Any, **leaf: Any) ->
         _kwarg_names=(),
         _constants=[],
         _tensor_index=list(range(len(in_leaves))),
-        _mutated=[],
         _complex=False,
         _leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
         _outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
+        _aminmax=torch.aminmax,
+        _signature=signature or [],
     )
     engine._checks = [loader._tensor_check(torch, leaf) for leaf in engine._leaves]
-    for method in ("_flatten", "_reject"):
+    engine._index_rows = [(i, leaf["index_rows"]) for i, leaf in enumerate(engine._leaves) if "index_rows" in leaf]
+    engine._mutated = [i for i, leaf in enumerate(engine._leaves) if leaf.get("mutated")]
+    engine._unsafe = loader._unsafe_writes(torch, engine._mutated) if engine._mutated else None
+    for method in ("_flatten", "_reject", "_check_indices", "_check_writes"):
         setattr(engine, method, types.MethodType(getattr(loader._CompiledModel, method), engine))
     return loader._callable(engine)
 
@@ -339,6 +374,83 @@ def test_generated_calls_take_any_container_of_tensors(tmp_path: Path) -> None:
         model({1: x, "k": [x, [x]]})  # a list where the model takes a tuple
     with pytest.raises(TypeError, match="must be a tensor"):
         model({1: x, "k": [x, (3,)]})
+
+
+def test_a_call_forward_takes_is_laid_out_as_the_model_was_exported(tmp_path: Path) -> None:
+    """Arguments by name and defaults left out, as eager takes them; an argument the export left at its
+    default takes only that default."""
+    import torch
+
+    loader = loader_module(tmp_path)
+    a, b = torch.ones(2), torch.full((2,), 3.0)
+    pair = [{"name": "x", "kind": "POSITIONAL_OR_KEYWORD"}, {"name": "y", "kind": "POSITIONAL_OR_KEYWORD"}]
+    model = fake_model(loader, (a, b), a, lambda flat: [flat[0] - flat[1]], signature=pair)
+    for args, kwargs in (((a, b), {}), ((a,), {"y": b}), ((), {"y": b, "x": a})):
+        assert torch.equal(model(*args, **kwargs), a - b)
+    with pytest.raises(TypeError, match=r"takes 2 positional input\(s\) .*got 1 positional and \['z'\]"):
+        model(a, z=b)
+    optional = [*pair[:1], {"name": "mask", "kind": "POSITIONAL_OR_KEYWORD", "default": None}]
+    model = fake_model(loader, (a,), a, lambda flat: [flat[0] * 2], signature=optional)  # exported without a mask
+    assert torch.equal(model(a, None), a * 2) and torch.equal(model(x=a, mask=None), a * 2)
+    with pytest.raises(TypeError, match=r"got 1 positional and \['mask'\] \(unexpected: \['mask'\]\)"):
+        model(a, mask=b)  # the compiled model has no mask
+
+
+def test_an_index_outside_its_table_is_an_index_error_as_in_eager(tmp_path: Path) -> None:
+    """The compiled kernel's own bounds check would end the process (it throws inside a parallel region)."""
+    import torch
+
+    loader = loader_module(tmp_path)
+    ids = torch.tensor([[1, 2, 3]])
+    model = fake_model(loader, (ids,), ids, lambda flat: [flat[0] * 2], dtype="int64", index_rows=10)
+    assert torch.equal(model(ids), ids * 2)
+    assert torch.equal(model(torch.tensor([[0, 9, 9]])), torch.tensor([[0, 18, 18]]))
+    for bad, value in ((10, 10), (-1, -1), (40000, 40000)):
+        with pytest.raises(IndexError, match=rf"input 0 indexes a table of 10 rows, .* \[0, 10\); got {value}$"):
+            model(torch.tensor([[1, bad, 3]]))
+
+
+def test_inputs_the_model_writes_into_are_refused_where_eager_would_differ(tmp_path: Path) -> None:
+    """The compiled code reads every input as it was before the call: an input sharing memory with one the
+    model writes into would not see the write, as it does in eager. Eager's own refusals hold too."""
+    import torch
+
+    loader = loader_module(tmp_path)
+    x = torch.arange(8.0)
+
+    def written(flat: list[Any]) -> list[Any]:
+        flat[0].mul_(2)
+        return [flat[0] + flat[1]]
+
+    model = fake_model(loader, (x[:4], x[4:]), x[:4], written, mutated=True)
+    a, b = x[:4].clone(), x[4:].clone()
+    assert torch.equal(model(a, b), torch.tensor([4.0, 7, 10, 13])) and torch.equal(a, torch.tensor([0.0, 2, 4, 6]))
+    model(x[:4], x[4:])  # one storage, apart: nothing overlaps
+    for first, second in ((x[:4], x[2:6]), (x[4:], x[4:]), (x[::2], x[1:5])):
+        with pytest.raises(ValueError, match="input 0, which the model writes into, shares memory with input 1;"):
+            model(first, second)
+    with pytest.raises(RuntimeError, match="input 0, which the model writes into, is a leaf tensor that requires grad"):
+        model(torch.zeros(4, requires_grad=True), torch.zeros(4))
+    with torch.no_grad():
+        model(torch.zeros(4, requires_grad=True), torch.zeros(4))  # as eager: no graph, no refusal
+    with torch.inference_mode():
+        made = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="input 0, which the model writes into, is an inference tensor"):
+        model(made, torch.zeros(4))
+
+
+def test_an_output_that_is_an_input_is_the_callers_tensor(tmp_path: Path) -> None:
+    """Also where the loader ran the model on a contiguous copy of it, written back or not."""
+    import torch
+
+    loader = loader_module(tmp_path)
+    shape = torch.zeros(2, 4)
+    for mutated in (False, True):
+        model = fake_model(loader, (shape,), (shape, shape), lambda flat: [flat[0], flat[0] + 1], mutated=mutated)
+        strided, plain = torch.randn(4, 2).t(), torch.randn(2, 4)
+        for x in (strided, plain):
+            same, other = model(x)
+            assert same is x and torch.equal(other, x + 1)
 
 
 # -- 4. Dims that follow other dims ----------------------------------------------------------------------
@@ -581,6 +693,35 @@ def test_hatch_aoti_verify_runs_every_call_structure_against_eager(fidelity_whee
     assert not any(c["the_builds_inputs"] for c in samples), "made anew at the samples' sizes"
 
 
+# -- a damaged install ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage", ["cut", "removed"])
+def test_a_shipped_file_cut_short_or_missing_is_refused_before_it_is_loaded(
+    fidelity_wheel: tuple[Path, str], runtime: Runtime, tmp_path: Path, damage: str
+) -> None:
+    """Loaded, a library cut short ends the process (SIGBUS): its size is checked against the build's first."""
+    with zipfile.ZipFile(fidelity_wheel[0]) as zf:
+        zf.extractall(tmp_path)
+    entry = json.loads((tmp_path / "fidpkg" / "_aoti" / "manifest.json").read_text())["models"]["mutates"]
+    library = tmp_path / "fidpkg" / "_aoti" / "mutates" / entry["file"]
+    assert entry["sizes"][entry["file"]] == library.stat().st_size
+    if damage == "cut":
+        with library.open("r+b") as f:
+            f.truncate(100_000)
+    else:
+        library.unlink()
+    proc = runtime.run(
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from fidpkg import compiled; compiled.load('mutates')",
+        check=False,
+    )
+    state = "is missing" if damage == "removed" else f"has 100000 bytes, not the {entry['sizes'][entry['file']]}"
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"compiled model 'mutates' cannot load: its file {entry['file']} {state}" in proc.stderr, proc.stderr
+    assert "the install is damaged (reinstall the package)" in proc.stderr
+
+
 # -- a library that needs what the running torch lacks -------------------------------------------------------
 
 
@@ -607,6 +748,7 @@ def test_a_library_that_needs_a_symbol_torch_lacks_is_refused_by_name(
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     entry = manifest["models"]["numbers"]
     assert "aoti_torch_empty_strided" in entry["torch_symbols"], "what a real library takes from libtorch"
+    del entry["sizes"]  # the library is replaced with others: not refused as damaged
     shutil.copyfile(library, site / "fidpkg" / "_aoti" / "numbers" / entry["file"])
     code = (
         "from fidpkg import compiled\ntry:\n    compiled.load('numbers')\nexcept RuntimeError as exc:\n    print(exc)\n"
@@ -638,3 +780,67 @@ def test_the_declared_torch_is_the_only_one(fidelity_wheel: tuple[Path, str]) ->
     from test_torch_window import requires_dist, wheel_metadata
 
     assert requires_dist(wheel_metadata(fidelity_wheel[0])) == ["torch==2.13.0"], "none added beside it"
+
+
+# -- calls at once: the pool of model instances ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_calls_waiting_for_an_instance_take_turns(tmp_path: Path, limit: int) -> None:
+    """Four threads call a model of ``limit`` instances 2000 times each, switching between any two steps:
+    no more than ``limit`` calls run at once, a call waits for about the calls that were waiting before
+    it (the one giving an instance back, which holds the GIL, does not win it again and again; it did, a
+    call then waited while thousands ran), and every
+    instance is free again at the end, also after calls that raised."""
+    import threading
+    import time
+
+    loader = loader_module(tmp_path)
+    running, most, events = [0], [0], []
+
+    class Instance:
+        get_call_spec = get_constant_names_to_original_fqns = None
+
+        def run(self, inputs: list[Any]) -> list[Any]:
+            events.append(("run", inputs[0]))
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            time.sleep(0)  # lets another thread in, as a real run does (it releases the GIL)
+            running[0] -= 1
+            if inputs[1] % 500 == 0:
+                raise RuntimeError("the run failed")
+            return inputs
+
+    made: list[Instance] = []
+    pool = loader._Pool(lambda: made.append(Instance()) or made[-1], limit)
+
+    def caller(index: int) -> None:
+        for i in range(2000):
+            events.append(("call", index))
+            try:
+                assert pool.run([index, i]) == [index, i]
+            except RuntimeError:
+                pass
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps, as on a busy server
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(thread.is_alive() for thread in threads)
+    assert most[0] <= limit and len(made) <= limit and sorted(map(id, pool._free)) == sorted(map(id, made))
+    ahead, longest = {}, 0  # runs of other threads between a call and its own run
+    for kind, index in events:
+        if kind == "call":
+            ahead[index] = 0
+        else:
+            longest = max(longest, ahead.pop(index))
+            for other in ahead:
+                ahead[other] += 1
+    # In turn, a handful (more where the machine keeps a thread from the GIL); thousands where the giver wins.
+    assert longest <= 200, f"a call waited while {longest} calls of other threads ran"

@@ -308,6 +308,24 @@ def test_a_bad_instance_count_is_a_clear_error(
     )
 
 
+def test_a_token_id_outside_the_vocabulary_is_an_index_error(bert_site: Path, runtime: Runtime) -> None:
+    """As eager's: the compiled embedding's own bounds check would end the process (SIGABRT)."""
+    manifest = json.loads((bert_site / "bertpkg" / "_aoti" / "manifest.json").read_text())
+    assert [leaf.get("index_rows") for leaf in manifest["models"]["bert"]["call"]] == [30522]
+    for bad in (30522, -1):
+        proc = runtime.run(
+            f"import sys, torch; sys.path.insert(0, {str(bert_site)!r}); from bertpkg import compiled\n"
+            f"ids = torch.zeros(1, 128, dtype=torch.int64); ids[0, 5] = {bad}\n"
+            "compiled.load('bert')(ids)",
+            check=False,
+        )
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert (
+            f"IndexError: compiled model 'bert': input 0 indexes a table of 30522 rows, so its values must be "
+            f"in [0, 30522); got {bad}" in proc.stderr
+        )
+
+
 def test_a_bfloat16_model_is_checked_against_a_float64_run(bert_site: Path, runtime: Runtime, tmp_path: Path) -> None:
     """Eager's own bfloat16 rounding is as large as a compiled model's difference from it: the build
     compares both with a float64 run of the same model instead."""

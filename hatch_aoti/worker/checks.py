@@ -33,6 +33,8 @@ class Prepared:
     """Key paths (``[0][0]``: the first positional input) of the inputs the eager model writes into."""
     replan: Callable[[ModelSpec], Any] | None = None
     """The plan again, for the spec with other ``dynamic`` entries (the rules export suggests)."""
+    signature: list[dict[str, Any]] = field(default_factory=list)
+    """``forward``'s parameters (:func:`signature_record`): the loader binds calls to them."""
 
 
 def short_exception(exc: BaseException) -> str:
@@ -88,7 +90,22 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
             )
         )
         return None
-    return Prepared(spec, module, plan, configs, mutated, replan)
+    return Prepared(spec, module, plan, configs, mutated, replan, signature_record(signature))
+
+
+def signature_record(signature: inspect.Signature) -> list[dict[str, Any]]:
+    """Each parameter's name, kind and default (where it is None, a bool, a number or a string): the
+    loader binds a call to them, so that a call eager takes (an argument by name, a default left out)
+    reaches the compiled model in the layout it was exported with."""
+    record = []
+    for p in signature.parameters.values():
+        item: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
+        if p.default is not p.empty and (p.default is None or type(p.default) in (bool, int, float, str)):
+            item["default"] = p.default
+        elif p.default is not p.empty:
+            item["opaque_default"] = True  # one the manifest cannot hold: a call must pass the argument
+        record.append(item)
+    return record
 
 
 def factory_module(spec: ModelSpec, problems: list[Problem]) -> Any:

@@ -75,6 +75,7 @@ class Coordinator:
         self.entries: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.factories: dict[str, str] = {}
+        self.signatures: dict[str, list[dict[str, Any]]] = {}
         self.tunings: dict[str, Any] = {}
 
     def run(self, specs: list[ModelSpec]) -> None:
@@ -155,6 +156,7 @@ class Coordinator:
 
         spec = model.spec
         self.factories[label] = spec.factory
+        self.signatures[label] = model.signature
         key = ""
         if self.cache.enabled:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
@@ -334,6 +336,7 @@ class Coordinator:
             return
         entry = {**(outcome.files or {}), **miss.entry}
         entry["files"] = shipped_files(self.artifacts / miss.label, entry)
+        entry["sizes"] = {rel: (self.artifacts / miss.label / rel).stat().st_size for rel in entry["files"]}
         self.emit(protocol.Stage(miss.name, "verify"))
         start = time.perf_counter()
         try:
@@ -549,13 +552,16 @@ class Coordinator:
     # -- the staged package ---------------------------------------------------------------
 
     def write_manifest(self, models: dict[str, dict[str, Any]]) -> None:
-        """The staged loader and manifest, for ``models``; a model's factory is added here, not cached
-        (entries are shared between projects, whose factories have other names)."""
+        """The staged loader and manifest, for ``models``; a model's factory and ``forward`` signature are
+        added here, not cached (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
         from hatch_aoti.pipeline import manifest
         from hatch_aoti.pipeline.artifacts import MANIFEST_FORMAT, write_loader, write_runtime
 
-        entries: dict[str, Any] = {name: {**entry, "factory": self.factories[name]} for name, entry in models.items()}
+        entries: dict[str, Any] = {
+            name: {**entry, "factory": self.factories[name], "signature": self.signatures.get(name, [])}
+            for name, entry in models.items()
+        }
         manifest.write(
             self.package,
             manifest.Manifest(

@@ -421,6 +421,7 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
     nodes = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    rows = index_rows(exported)
     paths = [
         pytree.keystr(p)
         for p, _ in pytree.tree_flatten_with_path(
@@ -450,8 +451,56 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
         leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
         low, high = plan.values[position] if position < len(plan.values) else (None, None)
         leaf.update({k: v for k, v in (("low", low), ("high", high)) if v is not None})
+        if arg.name in rows:
+            leaf["index_rows"] = rows[arg.name]
         out.append({**leaf, "mutated": True} if path in mutated else leaf)
     return out
+
+
+#: Ops that pass their input's values on unchanged, between an input and the lookup it indexes.
+_SAME_VALUES = {"view", "reshape", "_unsafe_view", "flatten", "unsqueeze", "squeeze", "contiguous", "clone", "alias"}
+
+
+def index_rows(exported: Any) -> dict[str, int]:
+    """Integer inputs the model uses as row indices of a table (``embedding``, ``index_select`` on dim 0),
+    by placeholder name: the rows of the smallest such table. An index outside it makes the compiled
+    kernel's bounds check throw inside a parallel region, which ends the process; eager raises an
+    IndexError, and so does the loader, which checks these inputs first."""
+    import torch
+
+    lookups = {torch.ops.aten.embedding.default: (0, 1), torch.ops.aten.index_select.default: (0, 2)}
+    rows: dict[str, int] = {}
+    for node in exported.graph.nodes:
+        if node.op != "placeholder" or not str(node.meta.get("val", torch.empty(0)).dtype).startswith("torch.int"):
+            continue
+        reached, seen = [node], set()
+        while reached:
+            current = reached.pop()
+            seen.add(current)
+            for user in current.users:
+                if user in seen or user.op != "call_function":
+                    continue
+                name = getattr(getattr(user.target, "_overloadpacket", None), "__name__", "")
+                if name in _SAME_VALUES and user.args and user.args[0] is current:
+                    reached.append(user)
+                elif user.target in lookups:
+                    table, index = lookups[user.target]
+                    size = _table_rows(user, table, index, current)
+                    if size is not None:
+                        rows[node.name] = min(rows.get(node.name, size), size)
+    return rows
+
+
+def _table_rows(lookup: Any, table: int, index: int, indices: Any) -> int | None:
+    """The static row count of ``lookup``'s table, where ``indices`` is its index argument."""
+    args = list(lookup.args)
+    if len(args) <= index or args[index] is not indices:
+        return None
+    if lookup.target.__name__.startswith("index_select") and args[1] != 0:
+        return None
+    size = getattr(args[table], "meta", {}).get("val")
+    shape = getattr(size, "shape", ())
+    return shape[0] if shape and isinstance(shape[0], int) else None
 
 
 def symbol_names(tensors: list[Any], plan: InputPlan) -> dict[Any, str]:
