@@ -40,6 +40,24 @@ def test_unknown_settings_are_refused_with_a_suggestion() -> None:
     assert "did you mean `aot_inductor.enable_line_tables`?" in found[f"{P}.aot_inductor.enable_line_table"]
 
 
+def test_settings_set_twice_or_of_another_type_are_refused() -> None:
+    """Inductor checks neither: the last of two wins, and a string ``"false"`` counts as true."""
+    problems: list[tuple[str, str]] = []
+    twice = {"aot_inductor.enable_line_tables": True, "aot_inductor": {"enable_line_tables": False}}
+    assert inductor_settings(twice, P, problems) is None
+    assert dict(problems) == {f"{P}.aot_inductor.enable_line_tables": "is set twice, as a dotted name and in its table"}
+    problems.clear()
+    wrong = {"freezing": "yes", "aot_inductor.enable_line_tables": "false", "cpp.threads": 1.5, "max_autotune": 1}
+    assert inductor_settings(wrong, P, problems) is None
+    found = dict(problems)
+    assert found[f"{P}.freezing"] == "must be true or false, as torch's default (False) is; not 'yes'"
+    assert found[f"{P}.aot_inductor.enable_line_tables"].startswith("must be true or false")
+    assert found[f"{P}.cpp.threads"].startswith("must be an integer") and f"{P}.max_autotune" in found
+    problems.clear()
+    fine = {"cpp.simdlen": 256, "max_autotune_gemm_backends": "CPP,ATEN", "cpp.threads": 2, "freezing": True}
+    assert inductor_settings(fine, P, problems) == fine and problems == []
+
+
 def test_libraries_that_cannot_be_tagged_fail_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hatch_aoti.pipeline import tagging as platform_tag
 

@@ -236,23 +236,53 @@ def inductor_settings(configs: dict[str, Any], path: str, problems: list[Problem
     """The model's Inductor settings by dotted name, each checked against this torch's Inductor.
 
     A bare dotted key in TOML (``aot_inductor.enable_line_tables = true``) makes a nested
-    table; it is flattened back here. Unknown names are refused before anything compiles.
+    table; it is flattened back here. Unknown names, a name set twice (dotted and in its table)
+    and values of another type than torch's default are refused before anything compiles:
+    Inductor would take a string ``"false"`` as true.
     """
-    import torch
     import torch._inductor.config as inductor_config
 
-    known = set(inductor_config.get_config_copy())
     out: dict[str, Any] = {}
+    ok = _flat_settings(configs, "", inductor_config.get_config_copy(), path, problems, out)
+    return out if ok else None
+
+
+def _flat_settings(
+    configs: dict[str, Any],
+    prefix: str,
+    defaults: dict[str, Any],
+    path: str,
+    problems: list[Problem],
+    out: dict[str, Any],
+) -> bool:
+    import torch
+
     ok = True
-    for name, value in configs.items():
-        if name in known:
+    for key, value in configs.items():
+        name = f"{prefix}{key}"
+        if name in defaults:
+            problem = "is set twice, as a dotted name and in its table" if name in out else None
+            problem = problem or _value_problem(defaults[name], value)
+            if problem:
+                problems.append((f"{path}.{name}", problem))
+                ok = False
             out[name] = value
-        elif isinstance(value, dict) and any(k.startswith(f"{name}.") for k in known):
-            nested = inductor_settings({f"{name}.{k}": v for k, v in value.items()}, path, problems)
-            ok = ok and nested is not None
-            out.update(nested or {})
+        elif isinstance(value, dict) and any(k.startswith(f"{name}.") for k in defaults):
+            ok = _flat_settings(value, f"{name}.", defaults, path, problems, out) and ok
         else:
-            hint = did_you_mean(name, known)
+            hint = did_you_mean(name, defaults)
             problems.append((f"{path}.{name}", f"is not an Inductor setting of torch {torch.__version__}{hint}"))
             ok = False
-    return out if ok else None
+    return ok
+
+
+def _value_problem(default: Any, value: Any) -> str | None:
+    """Why ``value`` cannot stand for an Inductor setting whose default is ``default`` (None: it can;
+    settings whose default is None, a list or a table take other types, unchecked)."""
+    kinds = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"))
+    for kind, allowed, wanted in (*kinds, (str, (str,), "a string")):
+        if isinstance(default, kind):
+            if type(value) in allowed:
+                return None
+            return f"must be {wanted}, as torch's default ({default!r}) is; not {value!r}"
+    return None
