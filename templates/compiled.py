@@ -504,9 +504,9 @@ class _CompiledModel:
 
         self.name = name
         self.device = entry["device"]
-        problems = _problems(name, torch)
-        if problems:
-            raise RuntimeError(f"compiled model {name!r} {problems[0]}")
+        problems = [*_problems(name, torch), _damaged(name, entry)]
+        if any(problems):
+            raise RuntimeError(f"compiled model {name!r} {next(p for p in problems if p)}")
         self._file = os.path.join(_HERE, name, entry["file"])
         self._weights = None
         self.backend = entry.get("backend", "aoti")
@@ -763,13 +763,13 @@ def _problems(name: str, torch: Any = None) -> list[str]:
         _pack_ops()
     except ValueError as exc:
         found.append(f"cannot load here: {exc}")
-    found.append(_damaged(name, entry))
     return [p for p in found if p]
 
 
 def _damaged(name: str, entry: Entry) -> str | None:
     """A shipped file that is missing or of another size than the build wrote: loaded, a cut library
-    ends the process (SIGBUS), a cut weights file fails with a bare torch error."""
+    ends the process (SIGBUS), a cut weights file fails with a bare torch error. Asked at load, not by
+    :func:`_problems`: ``hatch-aoti inspect`` reads a wheel without its files (``verify`` checks them)."""
     external = entry.get("weights", {}).get("external") is not None
     for rel, size in entry.get("sizes", {}).items():
         if external and rel == entry["weights"]["file"]:
@@ -1151,13 +1151,8 @@ def _exported_layout(
 
 def _unsafe_writes(torch: Any, mutated: list[int]) -> Callable[[list[Any]], tuple[str, int, int] | None]:
     """A check of the inputs a model writes into: what eager would refuse (a leaf that requires grad,
-    an inference tensor outside inference mode), or another input sharing its memory; None if fine."""
+    an inference tensor outside inference mode), or another input sharing a byte with it; None if fine."""
     grad_on, inference_on = torch.is_grad_enabled, torch.is_inference_mode_enabled
-
-    def extent(t: Any) -> tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else -1
-        return start, start + (last + 1) * t.element_size()
 
     def unsafe(tensors: list[Any]) -> tuple[str, int, int] | None:
         for position in mutated:
@@ -1169,15 +1164,41 @@ def _unsafe_writes(torch: Any, mutated: list[int]) -> Callable[[list[Any]], tupl
         if len(tensors) > 1:
             for position in mutated:
                 t = tensors[position]
-                memory, (low, high) = t.untyped_storage().data_ptr(), extent(t)
+                memory = t.untyped_storage().data_ptr()
                 for other, u in enumerate(tensors):
-                    if other != position and u.untyped_storage().data_ptr() == memory:
-                        start, end = extent(u)
-                        if start < high and low < end:
-                            return "overlap", position, other
+                    if other != position and u.untyped_storage().data_ptr() == memory and _share_bytes(torch, t, u):
+                        return "overlap", position, other
         return None
 
     return unsafe
+
+
+def _share_bytes(torch: Any, t: Any, u: Any) -> bool:
+    """Whether two views of one storage hold a byte in common: by their spans, and where a span has
+    gaps (a column, every other element), by the bytes themselves."""
+    if not t.numel() or not u.numel():
+        return False
+    (a, b), (c, d) = _span(t), _span(u)
+    if not (a < d and c < b):
+        return False
+    if (b - a == t.numel() * t.element_size()) and (d - c == u.numel() * u.element_size()):
+        return True  # both dense in their spans
+    return bool(torch.isin(_bytes(torch, t), _bytes(torch, u)).any())
+
+
+def _span(t: Any) -> tuple[int, int]:
+    start = t.storage_offset() * t.element_size()
+    last = sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _bytes(torch: Any, t: Any) -> Any:
+    """Every storage byte ``t`` covers."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for n, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n) * stride
+    starts = (offsets.reshape(-1) + t.storage_offset()) * t.element_size()
+    return (starts.unsqueeze(-1) + torch.arange(t.element_size())).reshape(-1)
 
 
 def _contiguous(tensors: list[Any]) -> list[Any]:
@@ -1642,7 +1663,7 @@ class _Pool:
         self._make, self._limit, self._all, self._free = make, limit, [first], [first]
         self._updates: list[tuple[Any, ...]] = []
         self._lock = threading.Lock()
-        self._waiting: collections.deque[list[Any]] = collections.deque()
+        self._waiting: collections.deque[Any] = collections.deque()  # the gates of the calls in line
         self.get_call_spec, self.get_constant_names_to_original_fqns = (
             first.get_call_spec,
             first.get_constant_names_to_original_fqns,
@@ -1676,47 +1697,53 @@ class _Pool:
         return run
 
     def _take(self) -> Any:
-        """A free container, a new one, or the one handed on to this call when its turn comes. A call
-        joins the queue before it looks at the free ones, and a call giving one back looks at the queue
-        after: one of the two sees the other."""
-        with self._lock:
-            container = None if self._waiting else self._pop()
-            if container is None and len(self._all) < self._limit:
-                container = self._make()
-                for args in self._updates:
-                    container.update_constant_buffer(*args)
-                self._all.append(container)
-            if container is not None:
-                return container
-            waiter = [threading.Lock()]  # its gate, then the container handed to it
-            waiter[0].acquire()
-            self._waiting.append(waiter)
-            self._hand_out()
+        """A free container, a new one, or the first one given back once this call is first in line. A
+        call joins the line before it looks at the free ones, and a call giving one back looks at the
+        line after: one of the two sees the other. The wait ends now and then to look again, so an
+        interrupted hand-over (KeyboardInterrupt) costs a tenth of a second, never the container."""
+        waiter = None
         try:
-            waiter[0].acquire()
-        except BaseException:  # interrupted (KeyboardInterrupt): the container goes on to the next call
             with self._lock:
-                if any(w is waiter for w in self._waiting):
-                    self._waiting.remove(waiter)
-                elif len(waiter) > 1:
-                    self._free.append(waiter[1])
-                    self._hand_out()
+                container = None if self._waiting else self._pop()
+                if container is None and len(self._all) < self._limit:
+                    container = self._made()
+                if container is not None:
+                    return container
+                waiter = threading.Lock()  # released when this call may be first to take one
+                waiter.acquire()
+                self._waiting.append(waiter)
+                self._call_next()
+            while True:
+                waiter.acquire(timeout=0.1)
+                with self._lock:
+                    if self._waiting[0] is waiter and self._free:
+                        self._waiting.popleft()
+                        container = self._free.pop()
+                        self._call_next()
+                        return container
+        except BaseException:
+            if waiter is not None:
+                with self._lock:
+                    if any(w is waiter for w in self._waiting):
+                        self._waiting.remove(waiter)
+                    self._call_next()
             raise
-        return waiter[1]
+
+    def _made(self) -> Any:
+        container = self._make()
+        for args in self._updates:
+            container.update_constant_buffer(*args)
+        self._all.append(container)
+        return container
 
     def _hand_on(self) -> None:
         with self._lock:
-            self._hand_out()
+            self._call_next()
 
-    def _hand_out(self) -> None:
-        """Free containers to the calls waiting, first come first; under the lock."""
-        while self._waiting:
-            container = self._pop()
-            if container is None:
-                return
-            waiter = self._waiting.popleft()
-            waiter.append(container)
-            waiter[0].release()
+    def _call_next(self) -> None:
+        """Wake the first call in line where a container is free; under the lock."""
+        if self._waiting and self._free and self._waiting[0].locked():
+            self._waiting[0].release()
 
     def _pop(self) -> Any:
         try:

@@ -58,6 +58,29 @@ def test_settings_set_twice_or_of_another_type_are_refused() -> None:
     assert inductor_settings(fine, P, problems) == fine and problems == []
 
 
+def test_index_inputs_are_found_through_views_that_keep_their_values() -> None:
+    """``view.dtype`` reinterprets the bytes: its values are not the input's, so they are not checked."""
+    import torch
+
+    from hatch_aoti.worker.inputs import index_rows
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words, self.places = torch.nn.Embedding(50, 4), torch.nn.Embedding(7, 4)
+            self.table = torch.nn.Parameter(torch.randn(9, 4))
+
+        def forward(self, ids, places, picked, raw, table):  # type: ignore[no-untyped-def]
+            found = self.words(ids.view(-1)).sum() + self.places(places).sum() + self.words(places).sum()
+            found = found + self.table.index_select(0, picked).sum() + self.words(raw.view(torch.int32)).sum()
+            return found + table.index_select(1, picked).sum()
+
+    long = [torch.zeros(3, dtype=torch.int64) for _ in range(3)]
+    inputs = (long[0].view(1, 3), long[1], torch.zeros(2, dtype=torch.int32), long[2], torch.randn(3, 9))
+    exported = torch.export.export(Model(), inputs)
+    assert index_rows(exported) == {"ids": 50, "places": 7, "picked": 9}
+
+
 def test_libraries_that_cannot_be_tagged_fail_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hatch_aoti.pipeline import tagging as platform_tag
 

@@ -266,6 +266,7 @@ def test_torch_requirement_must_allow_the_build_torch() -> None:
         ("torch>=2.13", "aoti", "'torch>=2.13' allows every later torch"),
         ("torch", "aoti", "'torch' allows every later torch"),
         ("torch>=2.13,<2.15", "precompile", 'load only under torch==2.13.0: state "torch==2.13.0"'),
+        ("torch==2.13.*", "precompile", "'torch==2.13.*' allows other torch releases"),
     ],
 )
 def test_the_torch_requirement_key_is_bounded_and_exact_for_precompiled_models(
@@ -279,8 +280,9 @@ def test_the_torch_requirement_key_is_bounded_and_exact_for_precompiled_models(
     with pytest.raises(ConfigError) as info:
         wheel_pins(settings, "2.13.0")
     assert fragment in dict(info.value.problems)[f"{HATCH_TABLE}.torch-requirement"]
-    exact = parse_settings({"torch-requirement": "torch==2.13.0", "models": {"m": model}})
-    assert wheel_pins(exact, "2.13.0").torch == "torch==2.13.0"
+    for pin in ("torch==2.13.0", "torch == 2.13.0", "torch==2.13.0+cpu"):  # the exact pin, however written
+        exact = parse_settings({"torch-requirement": pin, "models": {"m": model}})
+        assert wheel_pins(exact, "2.13.0+cpu").torch == (pin if backend == "aoti" else "torch==2.13.0"), pin
 
 
 def test_the_reference_and_the_schema_are_generated_from_the_settings() -> None:

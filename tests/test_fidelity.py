@@ -426,6 +426,10 @@ def test_inputs_the_model_writes_into_are_refused_where_eager_would_differ(tmp_p
     a, b = x[:4].clone(), x[4:].clone()
     assert torch.equal(model(a, b), torch.tensor([4.0, 7, 10, 13])) and torch.equal(a, torch.tensor([0.0, 2, 4, 6]))
     model(x[:4], x[4:])  # one storage, apart: nothing overlaps
+    model(x[0::2], x[1::2])  # interleaved, no byte in common
+    state = torch.zeros(4, 2)
+    model(state[:, 0], state[:, 1])  # two columns of one matrix
+    assert torch.equal(state[:, 0], torch.zeros(4))
     for first, second in ((x[:4], x[2:6]), (x[4:], x[4:]), (x[::2], x[1:5])):
         with pytest.raises(ValueError, match="input 0, which the model writes into, shares memory with input 1;"):
             model(first, second)

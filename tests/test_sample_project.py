@@ -171,7 +171,7 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
         calls = {
             "count": lambda: mlp(torch.randn(4, 128), torch.randn(4, 128)),
             "none": lambda: mlp(),
-            "kwarg": lambda: mlp(x=torch.randn(4, 128)),
+            "kwarg": lambda: mlp(inputs=torch.randn(4, 128)),  # forward takes x
             "rank": lambda: mlp(torch.randn(4, 128, 1)),
             "size": lambda: mlp(torch.randn(5, 128)),
             "dtype": lambda: mlp(torch.randn(4, 128, dtype=torch.float64)),
@@ -183,7 +183,7 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
             "below_min": lambda: clf(torch.rand(0, 3, 16, 16)),
             "static_dim": lambda: clf(torch.rand(2, 3, 16, 15)),
         }
-        out = {}
+        out = {"by_name": mlp(x=torch.ones(4, 128)).tolist() == mlp(torch.ones(4, 128)).tolist()}
         for key, call in calls.items():
             try:
                 call()
@@ -213,6 +213,8 @@ def test_bad_calls_raise_python_errors_naming_model_and_expectation(sample_insta
         assert result[key][0] == kind, (key, result[key])
         model = "'classifier'" if key in ("above_max", "below_min", "static_dim", "numpy_dynamic") else "'mlp'"
         assert f"compiled model {model}" in result[key][1], (key, result[key])
+    assert result["by_name"] is True, "an input passed by its name in forward"
+    assert "(unexpected: ['inputs'])" in result["kwarg"][1]
     assert "float32 on cpu with shape [4, 128]; got float64" in result["dtype"][1]
     assert "got float32 on meta" in result["device"][1]
     assert "must be a tensor (float32 on cpu with shape [4, 128]); got ndarray" in result["numpy"][1]

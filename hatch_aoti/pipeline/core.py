@@ -176,7 +176,7 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
     user = torch_requirement(settings, torch_version)
     pins = [used[name].pins(torch_version) for name in used]
     for pin in pins:
-        if pin.torch != series(torch_version) and user not in (pin.torch, series(torch_version)):
+        if pin.torch != series(torch_version) and not _pinned_as(settings.torch_requirement, pin.torch):
             raise ConfigError(
                 [
                     (
@@ -191,6 +191,18 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
         return backends.combined_pins(pins)
     except ValueError as exc:
         raise BuildFailed(str(exc)) from None
+
+
+def _pinned_as(requirement: str | None, pin: str) -> bool:
+    """Whether ``requirement`` (None: not stated) allows no release but the one ``pin`` names."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    if requirement is None:
+        return True
+    (wanted,) = Requirement(pin).specifier
+    exact = [s for s in Requirement(requirement).specifier if s.operator in ("==", "===") and "*" not in s.version]
+    return any(Version(s.version).public == Version(wanted.version).public for s in exact)
 
 
 def torch_requirement(settings: Settings, torch_version: str) -> str:

@@ -451,7 +451,7 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
         leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
         low, high = plan.values[position] if position < len(plan.values) else (None, None)
         leaf.update({k: v for k, v in (("low", low), ("high", high)) if v is not None})
-        if arg.name in rows:
+        if arg.name in rows and fake.device.type == "cpu":  # on CUDA the check would wait for the GPU
             leaf["index_rows"] = rows[arg.name]
         out.append({**leaf, "mutated": True} if path in mutated else leaf)
     return out
@@ -481,7 +481,8 @@ def index_rows(exported: Any) -> dict[str, int]:
                 if user in seen or user.op != "call_function":
                     continue
                 name = getattr(getattr(user.target, "_overloadpacket", None), "__name__", "")
-                if name in _SAME_VALUES and user.args and user.args[0] is current:
+                plain = getattr(user.target, "_overloadname", "") == "default"  # not view.dtype
+                if name in _SAME_VALUES and plain and user.args and user.args[0] is current:
                     reached.append(user)
                 elif user.target in lookups:
                     table, index = lookups[user.target]
