@@ -1716,9 +1716,9 @@ class _Pool:
             while True:
                 waiter.acquire(timeout=0.1)
                 with self._lock:
-                    if self._waiting[0] is waiter and self._free:
+                    container = self._pop() if self._waiting[0] is waiter else None
+                    if container is not None:
                         self._waiting.popleft()
-                        container = self._free.pop()
                         self._call_next()
                         return container
         except BaseException:
