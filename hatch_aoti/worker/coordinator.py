@@ -156,7 +156,7 @@ class Coordinator:
 
         spec = model.spec
         self.factories[label] = spec.factory
-        self.signatures[label] = model.signature
+        self.signatures[spec.name] = self.signatures[label] = model.signature  # a tuned model's candidates too
         key = ""
         if self.cache.enabled:
             # Files compiled with the eager module and the loader may name them (precompiled code does).
