@@ -504,9 +504,9 @@ class _CompiledModel:
 
         self.name = name
         self.device = entry["device"]
-        problems = [*_problems(name, torch), _damaged(name, entry)]
-        if any(problems):
-            raise RuntimeError(f"compiled model {name!r} {next(p for p in problems if p)}")
+        problem = next(iter(_problems(name, torch)), None) or _damaged(name, entry)
+        if problem:
+            raise RuntimeError(f"compiled model {name!r} {problem}")
         self._file = os.path.join(_HERE, name, entry["file"])
         self._weights = None
         self.backend = entry.get("backend", "aoti")
@@ -528,17 +528,12 @@ class _CompiledModel:
         leaves = self._leaves = entry["call"]
         self._constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
         self._tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
-        self._checks = [_tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
-        self._mutated = [
-            i for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf) if leaf.get("mutated")
-        ]
+        tensors = [leaves[i] for i in self._tensor_index]
+        self._checks = [_tensor_check(torch, leaf) for leaf in tensors]
+        self._mutated = [i for i, leaf in enumerate(tensors) if leaf.get("mutated")]
         self._complex = any(dtype.is_complex for dtype, _, _, _ in self._checks)
         # row indices into a table: out of range, the kernel's bounds check would end the process
-        self._index_rows = [
-            (i, leaf["index_rows"])
-            for i, leaf in enumerate(leaf for leaf in leaves if "const" not in leaf)
-            if "index_rows" in leaf
-        ]
+        self._index_rows = [(i, leaf["index_rows"]) for i, leaf in enumerate(tensors) if "index_rows" in leaf]
         self._aminmax = torch.aminmax
         self._unsafe = _unsafe_writes(torch, self._mutated) if self._mutated else None
         self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
@@ -649,14 +644,8 @@ class _CompiledModel:
         memory with another input: the compiled code reads every input as it was before the call."""
         problem = self._unsafe(tensors) if self._unsafe is not None else None
         if problem is not None:
-            kind, position, other = problem
-            where = f"compiled model {self.name!r}: input {position}, which the model writes into,"
-            if kind == "overlap":
-                raise ValueError(
-                    f"{where} shares memory with input {other}; the compiled model reads each input as it "
-                    "was before the call, where eager would see the write: pass a copy (`.clone()`)"
-                )
-            raise RuntimeError(f"{where} {kind}")
+            error, text = problem
+            raise error(f"compiled model {self.name!r}: {text}")
 
     def _check_indices(self, tensors: list[Any]) -> None:
         """Raise eager's IndexError for an index input with a value outside its table."""
@@ -1110,14 +1099,7 @@ def _exported_layout(
     import inspect
 
     kinds = inspect.Parameter
-    params = [
-        kinds(
-            p["name"],
-            getattr(kinds, p["kind"]),
-            default=_OPAQUE if p.get("opaque_default") else p.get("default", kinds.empty),
-        )
-        for p in signature
-    ]
+    params = _parameters(signature)
     try:
         bound = inspect.Signature(params).bind(*args, **kwargs)
     except (TypeError, ValueError):
@@ -1149,25 +1131,45 @@ def _exported_layout(
     return layout
 
 
-def _unsafe_writes(torch: Any, mutated: list[int]) -> Callable[[list[Any]], tuple[str, int, int] | None]:
-    """A check of the inputs a model writes into: what eager would refuse (a leaf that requires grad,
-    an inference tensor outside inference mode), or another input sharing a byte with it; None if fine."""
-    grad_on, inference_on = torch.is_grad_enabled, torch.is_inference_mode_enabled
+def _parameters(signature: list[dict[str, Any]]) -> list[Any]:
+    """``forward``'s parameters from the manifest's record of them."""
+    from inspect import Parameter
 
-    def unsafe(tensors: list[Any]) -> tuple[str, int, int] | None:
-        for position in mutated:
+    def default(p: dict[str, Any]) -> Any:
+        return _OPAQUE if p.get("opaque_default") else p.get("default", Parameter.empty)
+
+    return [Parameter(p["name"], getattr(Parameter, p["kind"]), default=default(p)) for p in signature]
+
+
+def _unsafe_writes(torch: Any, mutated: list[int]) -> Callable[[list[Any]], tuple[type[Exception], str] | None]:
+    """A check of the inputs a model writes into: what eager would refuse (a leaf that requires grad,
+    an inference tensor outside inference mode), or another input sharing a byte with it; the error
+    to raise and its message, or None if the call is fine."""
+    grad_on, inference_on = torch.is_grad_enabled, torch.is_inference_mode_enabled
+    wheres = {position: f"input {position}, which the model writes into," for position in mutated}
+
+    def unsafe(tensors: list[Any]) -> tuple[type[Exception], str] | None:
+        for position, where in wheres.items():
             t = tensors[position]
             if t.requires_grad and t.is_leaf and grad_on():
-                return "is a leaf tensor that requires grad, which eager cannot write into either", position, -1
+                return (
+                    RuntimeError,
+                    f"{where} is a leaf tensor that requires grad, which eager cannot write into either",
+                )
             if t.is_inference() and not inference_on():
-                return "is an inference tensor, which eager writes into only under inference mode", position, -1
-        if len(tensors) > 1:
-            for position in mutated:
-                t = tensors[position]
-                memory = t.untyped_storage().data_ptr()
-                for other, u in enumerate(tensors):
-                    if other != position and u.untyped_storage().data_ptr() == memory and _share_bytes(torch, t, u):
-                        return "overlap", position, other
+                return (
+                    RuntimeError,
+                    f"{where} is an inference tensor, which eager writes into only under inference mode",
+                )
+            if len(tensors) == 1:
+                continue
+            memory = t.untyped_storage().data_ptr()
+            for other, u in enumerate(tensors):
+                if other != position and u.untyped_storage().data_ptr() == memory and _share_bytes(torch, t, u):
+                    return ValueError, (
+                        f"{where} shares memory with input {other}; the compiled model reads each input as it "
+                        "was before the call, where eager would see the write: pass a copy (`.clone()`)"
+                    )
         return None
 
     return unsafe

@@ -59,6 +59,8 @@ INTEGER_RANGES: dict[str, tuple[int, int]] = {
     **{f"int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64)},
     **{f"uint{b}": (0, min(2**b, 2**63) - 1) for b in (8, 16, 32, 64)},
 }
+#: The ``[low, high)`` generated integers are drawn from where an input sets neither (within its dtype).
+INTEGER_DEFAULTS = (0, 100)
 #: The largest size a dim may be declared with: torch.export's own bounds stop below it.
 MAX_SIZE = 2**62
 
@@ -486,10 +488,14 @@ class TensorSpec:
             if value is not None and value != int(value):
                 problems.add(f"{path}.{name}", f"must be a whole number for {self.dtype} inputs, not {value}")
                 return
-        low = int(self.low) if self.low is not None else max(0, smallest)
-        high = int(self.high) if self.high is not None else min(100, largest)
+        low = int(self.low) if self.low is not None else max(INTEGER_DEFAULTS[0], smallest)
+        high = int(self.high) if self.high is not None else min(INTEGER_DEFAULTS[1], largest)
         if low >= high:
-            problems.add(path, f"`low` ({low}) must be below `high` ({high}; the default `low` is 0, `high` 100)")
+            problems.add(
+                path,
+                f"`low` ({low}) must be below `high` ({high}; the default `low` is {INTEGER_DEFAULTS[0]}, "
+                f"`high` {INTEGER_DEFAULTS[1]})",
+            )
         elif low < smallest or high - 1 > largest:
             problems.add(path, f"[{low}, {high}) is outside what {self.dtype} holds, [{smallest}, {largest}]")
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hatch_aoti.settings.config import INTEGER_DEFAULTS
+
 
 def generator(seed: int) -> torch.Generator:
     """A fresh CPU generator: each input set starts from its own seed."""
@@ -40,7 +42,7 @@ def tensor(
         out = out.to(kind)
     else:
         info = torch.iinfo(kind)
-        start = int(low) if low is not None else max(0, info.min)
-        stop = int(high) if high is not None else min(100, info.max)
+        start = int(low) if low is not None else max(INTEGER_DEFAULTS[0], info.min)
+        stop = int(high) if high is not None else min(INTEGER_DEFAULTS[1], info.max)
         out = torch.randint(start, stop, list(shape), generator=gen, dtype=torch.int64).to(kind)
     return out.to(device)
