@@ -144,6 +144,24 @@ def test_precompile_takes_any_range_but_no_rules() -> None:
     assert path.endswith("models.m.dynamic.k") and "the precompile backend cannot compile" in message
 
 
+def test_what_a_backend_cannot_compile_is_listed_with_the_readers_problems() -> None:
+    from hatch_aoti import backends
+    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
+
+    table = {
+        "backend": "precompile",
+        "models": {
+            "ruled": {"factory": "a:b", "inputs": [{"shape": ["n", "k"]}], "dynamic": {"n": {"max": 8}, "k": "2*n"}},
+            "typo": {"factory": "a:b", "inputs": [{"shape": [2]}], "rtol": "tight"},
+        },
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_settings(table, machine="x86_64", flags=set(), backend_check=backends.problems)
+    found = dict(info.value.problems)
+    assert set(found) == {f"{HATCH_TABLE}.models.ruled.dynamic.k", f"{HATCH_TABLE}.models.typo.rtol"}, found
+    assert "the precompile backend cannot compile" in found[f"{HATCH_TABLE}.models.ruled.dynamic.k"]
+
+
 def test_unknown_backends_are_named_with_the_installed_ones() -> None:
     from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
 

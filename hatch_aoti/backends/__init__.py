@@ -10,10 +10,14 @@ must not import torch at import time: the build backend process reads their pins
 from __future__ import annotations
 
 import importlib.metadata
+from typing import TYPE_CHECKING
 
 from hatch_aoti.backends.interface import BUILTIN, DEFAULT, GROUP, Backend, Pins, Request, known
 
-__all__ = ["BUILTIN", "DEFAULT", "GROUP", "Backend", "Pins", "Request", "combined_pins", "get", "known"]
+if TYPE_CHECKING:
+    from hatch_aoti.settings.config import ModelSpec
+
+__all__ = ["BUILTIN", "DEFAULT", "GROUP", "Backend", "Pins", "Request", "combined_pins", "get", "known", "problems"]
 
 
 def get(name: str) -> Backend:
@@ -37,6 +41,15 @@ def get(name: str) -> Backend:
     if not isinstance(backend, Backend):
         raise LookupError(f"backend {name!r} ({found[0].value}) is not a hatch_aoti.backends.Backend")
     return backend
+
+
+def problems(spec: ModelSpec) -> list[tuple[str, str]]:
+    """What the model's backend cannot compile, by TOML path (an unknown backend is the reader's problem)."""
+    try:
+        backend = get(spec.backend)
+    except LookupError:
+        return []
+    return backend.check(spec)
 
 
 def combined_pins(pins: list[Pins]) -> Pins:

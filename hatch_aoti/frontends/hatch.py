@@ -22,9 +22,11 @@ RESERVED_KEYS = frozenset(
 
 def hook_settings(config: dict[str, Any]) -> Any:
     """The hook table's settings (keys hatchling reads itself left out)."""
+    from hatch_aoti import backends
     from hatch_aoti.settings.config import HATCH_TABLE, parse_settings
 
-    return parse_settings({k: v for k, v in config.items() if k not in RESERVED_KEYS}, HATCH_TABLE)
+    table = {k: v for k, v in config.items() if k not in RESERVED_KEYS}
+    return parse_settings(table, HATCH_TABLE, backend_check=backends.problems)
 
 
 class AotiBuildHook(BuildHookInterface):

@@ -77,6 +77,7 @@ def _default(name: str) -> type:
 def settings_of(dist: Any) -> Any:
     """The table's settings, read once per build; problems end the build without a traceback."""
     if not hasattr(dist, "hatch_aoti_settings"):
+        from hatch_aoti import backends
         from hatch_aoti.settings.config import (
             SETUPTOOLS_TABLE,
             ConfigError,
@@ -84,7 +85,8 @@ def settings_of(dist: Any) -> Any:
         )
 
         try:
-            dist.hatch_aoti_settings = parse_settings(dist.hatch_aoti_table, SETUPTOOLS_TABLE)
+            table = dist.hatch_aoti_table
+            dist.hatch_aoti_settings = parse_settings(table, SETUPTOOLS_TABLE, backend_check=backends.problems)
         except ConfigError as exc:
             raise SetupError(str(exc)) from None
     return dist.hatch_aoti_settings

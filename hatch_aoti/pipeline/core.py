@@ -157,9 +157,8 @@ def build_torch_version() -> str:
 def wheel_pins(settings: Settings, torch_version: str) -> Any:
     """What the wheel requires (torch, interpreter): the narrowest of its models' backends.
 
-    Also asks each backend about its models first (problems end the build before torch
-    is imported). ``torch-requirement`` replaces a backend's default torch series, never
-    an exact pin, and must allow the build's torch.
+    ``torch-requirement`` replaces a backend's default torch series, never an exact pin,
+    and must allow the build's torch. (What a backend cannot compile, the reader lists.)
     """
     from hatch_aoti import backends
     from hatch_aoti.pipeline.tagging import torch_series as series
@@ -170,9 +169,6 @@ def wheel_pins(settings: Settings, torch_version: str) -> Any:
             used[name] = backends.get(name)
         except LookupError as exc:
             raise BuildFailed(str(exc)) from None
-    problems = [p for m in settings.models for p in used[m.backend].check(m)]
-    if problems:
-        raise ConfigError(problems)
     user = torch_requirement(settings, torch_version)
     pins = [used[name].pins(torch_version) for name in used]
     for pin in pins:

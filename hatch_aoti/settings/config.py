@@ -149,7 +149,14 @@ def toml_keys(cls: type) -> dict[str, dataclasses.Field[Any]]:
 
 
 def read(cls: type, raw: Any, path: str, problems: Problems) -> Any:
-    """An instance of the table class ``cls`` from ``raw``, or ``None`` with its problems added.
+    """An instance of the table class ``cls`` from ``raw``, or ``None`` with its problems added."""
+    start = len(problems.items)
+    obj = read_partly(cls, raw, path, problems)
+    return obj if len(problems.items) == start else None
+
+
+def read_partly(cls: type, raw: Any, path: str, problems: Problems) -> Any:
+    """``cls`` from the keys of ``raw`` that read well (defaults for the others), or ``None`` if not a table.
 
     The class's ``rules`` (checks across keys) run even when some keys have problems, on
     the keys that read well (``ok(*fields)`` says which), so that one build lists them all.
@@ -157,7 +164,6 @@ def read(cls: type, raw: Any, path: str, problems: Problems) -> Any:
     if not isinstance(raw, dict):
         problems.add(path, f"must be a table like {cls.EXAMPLE}" if hasattr(cls, "EXAMPLE") else "must be a table")
         return None
-    start = len(problems.items)
     keys = toml_keys(cls)
     unknown_keys(raw, tuple(keys), path, problems)
     hints = typing.get_type_hints(cls)
@@ -183,7 +189,7 @@ def read(cls: type, raw: Any, path: str, problems: Problems) -> Any:
     rules = getattr(obj, "rules", None)
     if rules is not None:
         rules(path, problems, lambda *fields: not flawed.intersection(fields))
-    return obj if len(problems.items) == start else None
+    return obj
 
 
 def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | None = None) -> Any:
@@ -782,17 +788,22 @@ class Settings:
 
 
 def parse_settings(
-    raw: Any, table: str = HATCH_TABLE, machine: str | None = None, flags: set[str] | None = None
+    raw: Any,
+    table: str = HATCH_TABLE,
+    machine: str | None = None,
+    flags: set[str] | None = None,
+    backend_check: Callable[[ModelSpec], list[tuple[str, str]]] | None = None,
 ) -> Settings:
     """Validate the table; raise :class:`ConfigError` listing every problem.
 
     ``machine`` and ``flags`` (``os.uname().machine`` and the CPU's feature flags) are
-    the build machine's unless given.
+    the build machine's unless given. ``backend_check`` (the front ends pass
+    :func:`hatch_aoti.backends.problems`) adds what each model's backend cannot compile.
     """
     from hatch_aoti.settings.cpu_targets import default_target, host_flags
 
     problems = Problems()
-    parsed: Table | None = read(Table, raw, table, problems)
+    parsed: Table | None = read_partly(Table, raw, table, problems)
     machine = machine or os.uname().machine
     default = default_target(machine)
     table_raw = raw if isinstance(raw, dict) else {}
@@ -807,19 +818,27 @@ def parse_settings(
                     f"{table}.models.{name}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
                 )
             _host_problems(name, model, parsed, table, problems)
+    specs = _specs(parsed, targets, table) if parsed is not None else ()
+    for path, message in (p for spec in specs for p in (backend_check(spec) if backend_check else ())):
+        problems.add(path, message)
     problems.raise_if_any()
     assert parsed is not None
     return Settings(
-        models=tuple(
-            _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}", parsed)
-            for name, model in parsed.models.items()
-        ),
+        models=specs,
         package=parsed.package,
         loader=parsed.loader,
         torch_requirement=parsed.torch_requirement,
         cpu_target=parsed.cpu_target or default,
         table=table,
         weights_dir=parsed.weights_dir,
+    )
+
+
+def _specs(parsed: Table, targets: dict[str, str], table: str) -> tuple[ModelSpec, ...]:
+    """The models that read well, resolved against the table's keys that did."""
+    return tuple(
+        _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}", parsed)
+        for name, model in parsed.models.items()
     )
 
 
