@@ -984,9 +984,54 @@ def _calling(engine: _CompiledModel, tensors: list[str], env: dict[str, Any]) ->
 
 
 def _callers(outputs: list[Any], prepared: list[Any], tensors: list[Any]) -> list[Any]:
-    """``outputs``, each that is one of the loader's copies of an input replaced by that input."""
+    """``outputs`` as eager gives them: one of the loader's copies of an input is that input, and a
+    view of a copy is the same view of the caller's tensor."""
     mine = {id(c): t for c, t in zip(prepared, tensors) if c is not t}
-    return [mine.get(id(o), o) for o in outputs]
+    spans = [(c.data_ptr(), c.data_ptr() + c.nbytes, c, t) for c, t in zip(prepared, tensors) if c is not t]
+    return [mine[id(o)] if id(o) in mine else _rebased(o, spans) for o in outputs]
+
+
+def _rebased(output: Any, spans: list[tuple[int, int, Any, Any]]) -> Any:
+    """``output`` as a view of the caller's tensor where it is a view of the loader's contiguous copy
+    of it and that view can be written in the caller's strides; else ``output`` (eager copies too)."""
+    at = output.data_ptr()  # the runner's outputs are tensors (a Python number is made from one later)
+    found = [(c, t) for start, end, c, t in spans if start <= at < end]
+    if not found or found[0][0].dtype != output.dtype or not output.numel():
+        return output
+    copy, tensor = found[0]
+    offset = (at - copy.data_ptr()) // copy.element_size()
+    sizes, strides = _runs(tensor)
+    start = _digits(offset, sizes)
+    steps = [_digits(s, sizes) if s < copy.numel() else [0] * len(sizes) for s in output.stride()]
+    reach = [start[d] + sum((n - 1) * step[d] for n, step in zip(output.shape, steps)) for d in range(len(sizes))]
+    if any(r >= n for r, n in zip(reach, sizes)):
+        return output  # a step would carry into a run of other strides: not a view of the caller's tensor
+    in_caller = [sum(i * s for i, s in zip(step, strides)) for step in [start, *steps]]
+    return tensor.as_strided(output.shape, in_caller[1:], tensor.storage_offset() + in_caller[0])
+
+
+def _runs(tensor: Any) -> tuple[list[int], list[int]]:
+    """The sizes and strides of ``tensor``'s dims, each run of dims it lays out contiguously as one."""
+    sizes: list[int] = []
+    strides: list[int] = []
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        if size == 1:
+            continue
+        if sizes and strides[-1] == stride * size:
+            sizes[-1], strides[-1] = sizes[-1] * size, stride
+        else:
+            sizes.append(size)
+            strides.append(stride)
+    return sizes, strides
+
+
+def _digits(offset: int, sizes: list[int]) -> list[int]:
+    """The index of element ``offset`` of a contiguous tensor of ``sizes``."""
+    index = []
+    for size in reversed(sizes):
+        offset, digit = divmod(offset, size)
+        index.append(digit)
+    return index[::-1]
 
 
 def _inline_checks(engine: _CompiledModel, leaves: list[str], lines: list[str], env: dict[str, Any]) -> bool:

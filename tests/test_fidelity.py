@@ -50,6 +50,11 @@ MODELS = """
             return {"sum": xs[0] + xs[1], "prod": (parts["a"] * parts["b"], parts["a"].shape[0])}
 
 
+    class Views(nn.Module):
+        def forward(self, x):
+            return x.t(), x[1:, ::2], x * 2
+
+
     class Frames(nn.Module):
         def forward(self, x):
             return x.view(x.shape[0], -1, 320).sum(-1)
@@ -70,6 +75,10 @@ MODELS = """
 
     def nested():
         return Nested()
+
+
+    def views():
+        return Views()
 
 
     def frames():
@@ -102,6 +111,10 @@ HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.mutates]
     factory = "fidpkg.models:mutates"
     inputs = [{ shape = [4, 3] }, { shape = [4, 3] }]
+
+    [tool.hatch.build.targets.wheel.hooks.aoti.models.views]
+    factory = "fidpkg.models:views"
+    inputs = [{ shape = [6, 4] }]
 
     [tool.hatch.build.targets.wheel.hooks.aoti.models.keyword_only]
     factory = "fidpkg.models:keyword_only"
@@ -455,6 +468,57 @@ def test_an_output_that_is_an_input_is_the_callers_tensor(tmp_path: Path) -> Non
         for x in (strided, plain):
             same, other = model(x)
             assert same is x and torch.equal(other, x + 1)
+
+
+@pytest.mark.integration
+def test_views_of_an_input_are_views_of_the_callers_tensor(fidelity: Runtime) -> None:
+    """As in eager, also where the loader ran the model on a contiguous copy of a strided input."""
+    result = in_runtime(
+        fidelity,
+        """
+        model, eager = compiled.load("views"), models.views()
+        out = {}
+        for layout, x in (("contiguous", torch.randn(6, 4)), ("strided", torch.randn(6, 8)[:, ::2])):
+            got, want = model(x), eager(x)
+            assert_close(got, want)
+            out[layout] = [[o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), o.stride()]
+                           for o in got]
+        print(json.dumps(out))
+    """,
+    )
+    assert result["contiguous"] == [[True, [1, 4]], [True, [4, 2]], [False, [4, 1]]]
+    assert result["strided"] == [[True, [2, 8]], [True, [8, 4]], [False, [4, 1]]]
+
+
+def test_a_view_of_an_input_is_a_view_of_the_callers_tensor(tmp_path: Path) -> None:
+    """The runner's view of the loader's contiguous copy becomes the same view of the caller's tensor,
+    where the caller's strides can express it; elsewhere eager copies, and so does the loader."""
+    import torch
+
+    loader = loader_module(tmp_path)
+    views = {
+        "t": lambda v: v.t(),
+        "row": lambda v: v[1],
+        "columns": lambda v: v[1:, ::2],
+        "diagonal": lambda v: v.diagonal(),
+        "expanded": lambda v: v.unsqueeze(0).expand(2, 6, 4),
+        "flat": lambda v: v.reshape(-1),
+    }
+    for mutated in (False, True):
+        model = fake_model(
+            loader,
+            (torch.zeros(6, 4),),
+            [f(torch.zeros(6, 4)) for f in views.values()],
+            lambda flat: [f(flat[0]) for f in views.values()],
+            mutated=mutated,
+        )
+        for x, flat_is_view in ((torch.randn(6, 8)[:, ::2], True), (torch.randn(4, 6).t(), False)):
+            for name, out, eager in zip(views, model(x), (f(x) for f in views.values())):
+                assert torch.equal(out, eager), name
+                shares = out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                assert shares == (name != "flat" or flat_is_view), name
+                if shares:
+                    assert out.stride() == eager.stride() and out.storage_offset() == eager.storage_offset(), name
 
 
 # -- 4. Dims that follow other dims ----------------------------------------------------------------------
