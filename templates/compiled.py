@@ -537,6 +537,8 @@ class _CompiledModel:
         self._aminmax = torch.aminmax
         self._unsafe = _unsafe_writes(torch, self._mutated) if self._mutated else None
         self._outputs = entry.get("outputs") or [{"kind": "tensor"}] * self._out_spec.num_leaves
+        # outputs eager makes as views of an input: remade on the caller's tensor where the loader copied it
+        self._views = [(i, out["view_of"]) for i, out in enumerate(self._outputs) if "view_of" in out]
         self._signature: list[dict[str, Any]] = entry.get("signature") or []
 
     def _aoti(self, torch: Any, entry: Entry) -> Any:
@@ -976,30 +978,33 @@ def _calling(engine: _CompiledModel, tensors: list[str], env: dict[str, Any]) ->
     for position in engine._mutated:  # the caller's tensor changes as it would in eager
         lines.append(f"        if c{position} is not {tensors[position]}: {tensors[position]}.copy_(c{position})")
     if tensors:  # an output that is an input is the caller's tensor, not the loader's copy of it
-        env["_callers"] = _callers
+        env["_callers"], env["_views"] = _callers, engine._views
         copied = " or ".join(f"c{p} is not {var}" for p, var in enumerate(tensors))
-        lines.append(f"        if {copied}: o = _callers(o, [{copies}], [{', '.join(tensors)}])")
+        lines.append(f"        if {copied}: o = _callers(o, [{copies}], [{', '.join(tensors)}], _views)")
     lines.append(f"        return {_output_expr(engine, env)}")
     return lines
 
 
-def _callers(outputs: list[Any], prepared: list[Any], tensors: list[Any]) -> list[Any]:
-    """``outputs`` as eager gives them: one of the loader's copies of an input is that input, and a
-    view of a copy is the same view of the caller's tensor."""
+def _callers(outputs: list[Any], prepared: list[Any], tensors: list[Any], views: list[tuple[int, int]]) -> list[Any]:
+    """``outputs`` as eager gives them: one of the loader's copies of an input is that input, and
+    an output that eager makes as a view of an input (``views``: its index and the input's, as the
+    build found them) is that view of the caller's tensor, not of the copy."""
     mine = {id(c): t for c, t in zip(prepared, tensors) if c is not t}
-    spans = [(c.data_ptr(), c.data_ptr() + c.nbytes, c, t) for c, t in zip(prepared, tensors) if c is not t]
-    return [mine[id(o)] if id(o) in mine else _rebased(o, spans) for o in outputs]
+    outputs = [mine.get(id(o), o) for o in outputs]
+    for index, position in views:
+        copy, tensor = prepared[position], tensors[position]
+        if copy is not tensor and outputs[index] is not tensor:
+            outputs[index] = _rebased(outputs[index], copy, tensor)
+    return outputs
 
 
-def _rebased(output: Any, spans: list[tuple[int, int, Any, Any]]) -> Any:
-    """``output`` as a view of the caller's tensor where it is a view of the loader's contiguous copy
-    of it and that view can be written in the caller's strides; else ``output`` (eager copies too)."""
-    at = output.data_ptr()  # the runner's outputs are tensors (a Python number is made from one later)
-    found = [(c, t) for start, end, c, t in spans if start <= at < end]
-    if not found or found[0][0].dtype != output.dtype or not output.numel():
+def _rebased(output: Any, copy: Any, tensor: Any) -> Any:
+    """``output``, a view of ``copy`` (the loader's contiguous copy of ``tensor``), as that view of
+    ``tensor``; ``output`` itself where the caller's strides cannot express it."""
+    gap = output.data_ptr() - copy.data_ptr()
+    if not 0 <= gap < copy.nbytes or output.dtype != copy.dtype or not output.numel():
         return output
-    copy, tensor = found[0]
-    offset = (at - copy.data_ptr()) // copy.element_size()
+    offset = gap // copy.element_size()
     sizes, strides = _runs(tensor)
     start = _digits(offset, sizes)
     steps = [_digits(s, sizes) if s < copy.numel() else [0] * len(sizes) for s in output.stride()]
@@ -1007,7 +1012,8 @@ def _rebased(output: Any, spans: list[tuple[int, int, Any, Any]]) -> Any:
     if any(r >= n for r, n in zip(reach, sizes)):
         return output  # a step would carry into a run of other strides: not a view of the caller's tensor
     in_caller = [sum(i * s for i, s in zip(step, strides)) for step in [start, *steps]]
-    return tensor.as_strided(output.shape, in_caller[1:], tensor.storage_offset() + in_caller[0])
+    # detached: a compiled model's outputs carry no autograd graph
+    return tensor.detach().as_strided(output.shape, in_caller[1:], tensor.storage_offset() + in_caller[0])
 
 
 def _runs(tensor: Any) -> tuple[list[int], list[int]]:
@@ -1122,11 +1128,11 @@ def _finisher(engine: _CompiledModel) -> Callable[[list[Any], list[Any], list[An
     env: dict[str, Any] = {}
     code = f"lambda o: {_output_expr(engine, env)}"
     outputs = eval(code, env)
-    mutated = engine._mutated
+    mutated, views = engine._mutated, engine._views
 
     def finish(tensors: list[Any], prepared: list[Any], flat: list[Any]) -> Any:
         _write_back(tensors, prepared, mutated)
-        return outputs(_callers(flat, prepared, tensors))
+        return outputs(_callers(flat, prepared, tensors, views))
 
     return finish
 

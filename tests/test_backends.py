@@ -153,12 +153,19 @@ def test_what_a_backend_cannot_compile_is_listed_with_the_readers_problems() -> 
         "models": {
             "ruled": {"factory": "a:b", "inputs": [{"shape": ["n", "k"]}], "dynamic": {"n": {"max": 8}, "k": "2*n"}},
             "typo": {"factory": "a:b", "inputs": [{"shape": [2]}], "rtol": "tight"},
+            "a.b": {"factory": "a:b", "inputs": [{"shape": [2]}], "tune": True},
         },
     }
     with pytest.raises(ConfigError) as info:
         parse_settings(table, machine="x86_64", flags=set(), backend_check=backends.problems)
     found = dict(info.value.problems)
-    assert set(found) == {f"{HATCH_TABLE}.models.ruled.dynamic.k", f"{HATCH_TABLE}.models.typo.rtol"}, found
+    quoted = f'{HATCH_TABLE}.models."a.b"'  # a name that needs quoting is quoted in every path
+    assert set(found) == {
+        f"{HATCH_TABLE}.models.ruled.dynamic.k",
+        f"{HATCH_TABLE}.models.typo.rtol",
+        quoted,
+        f"{quoted}.tune",
+    }, found
     assert "the precompile backend cannot compile" in found[f"{HATCH_TABLE}.models.ruled.dynamic.k"]
 
 

@@ -52,7 +52,7 @@ MODELS = """
 
     class Views(nn.Module):
         def forward(self, x):
-            return x.t(), x[1:, ::2], x * 2
+            return x.t(), x[1:, ::2], x * 2, x.reshape(-1)[:3]
 
 
     class Frames(nn.Module):
@@ -331,7 +331,13 @@ def test_keyword_nested_and_dict_calls_match_eager(fidelity: Runtime) -> None:
 
 
 def fake_model(
-    loader: Any, inputs: Any, outputs: Any, run: Any, signature: list[dict[str, Any]] | None = None, **leaf: Any
+    loader: Any,
+    inputs: Any,
+    outputs: Any,
+    run: Any,
+    signature: list[dict[str, Any]] | None = None,
+    views: list[tuple[int, int]] | None = None,
+    **leaf: Any,
 ) -> Any:
     """The loader's call function for a model of these input and output structures (example values), whose
     runner is ``run``: the generated code without a compiled library."""
@@ -361,6 +367,7 @@ def fake_model(
         _complex=False,
         _leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
         _outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
+        _views=views or [],
         _aminmax=torch.aminmax,
         _signature=signature or [],
     )
@@ -471,28 +478,33 @@ def test_an_output_that_is_an_input_is_the_callers_tensor(tmp_path: Path) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.integration
 def test_views_of_an_input_are_views_of_the_callers_tensor(fidelity: Runtime) -> None:
-    """As in eager, also where the loader ran the model on a contiguous copy of a strided input."""
+    """As in eager, also where the loader ran the model on a contiguous copy of a strided input; and an
+    output eager makes from a copy of it (``reshape`` of a transposed tensor) shares nothing with it."""
     result = in_runtime(
         fidelity,
         """
         model, eager = compiled.load("views"), models.views()
         out = {}
-        for layout, x in (("contiguous", torch.randn(6, 4)), ("strided", torch.randn(6, 8)[:, ::2])):
+        for layout, x in (("contiguous", torch.randn(6, 4)), ("strided", torch.randn(4, 6).t())):
             got, want = model(x), eager(x)
             assert_close(got, want)
-            out[layout] = [[o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), o.stride()]
-                           for o in got]
+            shares = [[o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for o in outs]
+                      for outs in (got, want)]
+            out[layout] = [[[s, o.stride() if s else None] for s, o in zip(*pair)] for pair in zip(shares, (got, want))]
         print(json.dumps(out))
     """,
     )
-    assert result["contiguous"] == [[True, [1, 4]], [True, [4, 2]], [False, [4, 1]]]
-    assert result["strided"] == [[True, [2, 8]], [True, [8, 4]], [False, [4, 1]]]
+    assert result["contiguous"][0] == result["contiguous"][1]
+    assert result["strided"][0] == result["strided"][1]
+    assert result["strided"][0] == [[True, [6, 1]], [True, [1, 12]], [False, None], [False, None]]
 
 
 def test_a_view_of_an_input_is_a_view_of_the_callers_tensor(tmp_path: Path) -> None:
-    """The runner's view of the loader's contiguous copy becomes the same view of the caller's tensor,
-    where the caller's strides can express it; elsewhere eager copies, and so does the loader."""
+    """The runner's view of the loader's contiguous copy becomes the same view of the caller's tensor for
+    the outputs the build found to be views whatever the strides; others (``reshape`` copies a strided
+    tensor in eager, ``reshape(-1)[:3]`` a view of that copy) stay the loader's own."""
     import torch
 
     loader = loader_module(tmp_path)
@@ -502,23 +514,42 @@ def test_a_view_of_an_input_is_a_view_of_the_callers_tensor(tmp_path: Path) -> N
         "columns": lambda v: v[1:, ::2],
         "diagonal": lambda v: v.diagonal(),
         "expanded": lambda v: v.unsqueeze(0).expand(2, 6, 4),
-        "flat": lambda v: v.reshape(-1),
+        "copied then sliced": lambda v: v.reshape(-1)[:3],
     }
+    recorded = [(i, 0) for i, name in enumerate(views) if name != "copied then sliced"]
     for mutated in (False, True):
         model = fake_model(
             loader,
             (torch.zeros(6, 4),),
             [f(torch.zeros(6, 4)) for f in views.values()],
-            lambda flat: [f(flat[0]) for f in views.values()],
+            lambda flat: [f(flat[0].detach()) for f in views.values()],  # as the runner: no graph
+            views=recorded,
             mutated=mutated,
         )
-        for x, flat_is_view in ((torch.randn(6, 8)[:, ::2], True), (torch.randn(4, 6).t(), False)):
+        needs_grad = [] if mutated else [torch.randn(4, 6).t().requires_grad_()]  # eager could not write it
+        for x in (torch.randn(6, 8)[:, ::2], torch.randn(4, 6).t(), *needs_grad):
             for name, out, eager in zip(views, model(x), (f(x) for f in views.values())):
-                assert torch.equal(out, eager), name
+                assert torch.equal(out, eager) and not out.requires_grad, name
                 shares = out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
-                assert shares == (name != "flat" or flat_is_view), name
+                assert shares == (name != "copied then sliced"), name
                 if shares:
                     assert out.stride() == eager.stride() and out.storage_offset() == eager.storage_offset(), name
+
+
+def test_the_build_records_the_outputs_eager_makes_as_views_of_an_input() -> None:
+    """Through ops that are views whatever the strides; not through ``view``/``reshape`` (on a strided
+    tensor eager's ``reshape`` copies) nor any computation."""
+    import torch
+
+    from hatch_aoti.worker.inputs import describe_outputs
+
+    class Outputs(torch.nn.Module):
+        def forward(self, x: Any, y: Any) -> Any:
+            return x.t(), x[1:, ::2], x * 2, x.reshape(-1)[:3], y.diagonal(), y, x.unsqueeze(0).expand(2, 6, 4), 7
+
+    exported = torch.export.export(Outputs(), (torch.randn(6, 4), torch.randn(3, 3)))
+    views = [out.get("view_of") for out in describe_outputs(exported)]
+    assert views == [0, 0, None, None, 1, 1, 0, None]
 
 
 # -- 4. Dims that follow other dims ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Child, watch
-from hatch_aoti.settings.config import ConfigError, Settings
+from hatch_aoti.settings.config import ConfigError, Settings, model_path
 from hatch_aoti.store.owned import OwnedDir, sweep
 from hatch_aoti.store.remote import Remote
 
@@ -471,7 +471,7 @@ class Coordination:
             raise BuildFailed(f"{head}{kept}:\n{lines}")
 
     def _model_path(self, name: str) -> str:
-        return next((m.path for m in self.settings.models if m.name == name), f"{self.settings.table}.models.{name}")
+        return next((m.path for m in self.settings.models if m.name == name), model_path(self.settings.table, name))
 
 
 _DOING = {

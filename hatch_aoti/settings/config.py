@@ -241,6 +241,11 @@ def toml_path(path: str, name: str) -> str:
     return f"{path}.{name}" if _BARE_KEY.match(name) else f"{path}.{json.dumps(name)}"
 
 
+def model_path(table: str, name: str) -> str:
+    """The TOML path of model ``name``'s table."""
+    return toml_path(f"{table}.models", name)
+
+
 def is_identifier(name: Any) -> bool:
     return isinstance(name, str) and bool(_NAME.match(name)) and not keyword.iskeyword(name)
 
@@ -811,11 +816,11 @@ def parse_settings(
     if parsed is not None:
         for name, model in parsed.models.items():
             if model.weights == "external" and (model.backend or parsed.backend) != "aoti":
-                problems.add(f"{table}.models.{name}.weights", "`external` weights are for `aoti` models")
+                problems.add(f"{model_path(table, name)}.weights", "`external` weights are for `aoti` models")
             if model.tune and (model.backend or parsed.backend) != "aoti":
                 backend = model.backend or parsed.backend
                 problems.add(
-                    f"{table}.models.{name}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
+                    f"{model_path(table, name)}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
                 )
             _host_problems(name, model, parsed, table, problems)
     specs = _specs(parsed, targets, table) if parsed is not None else ()
@@ -837,7 +842,7 @@ def parse_settings(
 def _specs(parsed: Table, targets: dict[str, str], table: str) -> tuple[ModelSpec, ...]:
     """The models that read well, resolved against the table's keys that did."""
     return tuple(
-        _spec(name, model, targets[name], model.backend or parsed.backend, f"{table}.models.{name}", parsed)
+        _spec(name, model, targets[name], model.backend or parsed.backend, model_path(table, name), parsed)
         for name, model in parsed.models.items()
     )
 
@@ -869,7 +874,7 @@ def _host_problems(name: str, model: ModelTable, parsed: Table, table: str, prob
     """`optimize = "host"` is for CPU `aoti` models."""
     if applied_optimize(model.optimize, parsed.optimize) != HOST:
         return
-    path = f"{table}.models.{name}"
+    path = model_path(table, name)
     own = f"{path}.optimize" if model.optimize else None
     portable = '; or set `optimize = "portable"` on this model'
     backend = model.backend or parsed.backend
@@ -902,7 +907,7 @@ def _target_problems(
     for name, model in models.items() if isinstance(models, dict) else ():
         if not isinstance(model, dict):
             continue
-        path = f"{table}.models.{name}"
+        path = model_path(table, name)
         own = valid(model.get("cpu-target"))
         if own:
             _check_target(own, f"{path}.cpu-target", machine, flags, problems)

@@ -480,7 +480,7 @@ def index_rows(exported: Any) -> dict[str, int]:
             for user in current.users:
                 if user in seen or user.op != "call_function":
                     continue
-                name = getattr(getattr(user.target, "_overloadpacket", None), "__name__", "")
+                name = _packet(user.target)
                 plain = getattr(user.target, "_overloadname", "") == "default"  # not view.dtype
                 if name in _SAME_VALUES and plain and user.args and user.args[0] is current:
                     reached.append(user)
@@ -566,6 +566,7 @@ def describe_outputs(exported: Any) -> list[dict[str, Any]]:
     )
 
     kinds = {SymIntArgument: "int", SymFloatArgument: "float", SymBoolArgument: "bool"}
+    viewed = views_of_inputs(exported)
     out: list[dict[str, Any]] = []
     for spec in exported.graph_signature.output_specs:
         if spec.kind != OutputKind.USER_OUTPUT:
@@ -573,8 +574,39 @@ def describe_outputs(exported: Any) -> list[dict[str, Any]]:
         if isinstance(spec.arg, ConstantArgument) and isinstance(spec.arg.value, (bool, int, float, str, type(None))):
             out.append({"kind": "const", "value": spec.arg.value})
         else:
-            out.append({"kind": kinds.get(type(spec.arg), "tensor")})
+            kind = {"kind": kinds.get(type(spec.arg), "tensor")}
+            name = getattr(spec.arg, "name", None)
+            out.append({**kind, "view_of": viewed[name]} if name in viewed else kind)
     return out
+
+
+#: Ops whose result is a view of their first argument whatever its strides (``view`` and ``reshape``
+#: are not: on a strided tensor eager's ``reshape`` copies).
+_ALWAYS_VIEWS = {"alias", "detach", "diagonal", "expand", "movedim", "narrow", "permute", "select", "slice"}
+_ALWAYS_VIEWS |= {"squeeze", "swapaxes", "t", "transpose", "unfold", "unsqueeze"}
+
+
+def views_of_inputs(exported: Any) -> dict[str, int]:
+    """Nodes that eager computes as a view of a tensor input, by name: that input's position among the
+    tensor inputs. The loader remakes those outputs on the caller's tensor where it ran a copy of it."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    specs = exported.graph_signature.input_specs
+    user = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)]
+    positions = {name: i for i, name in enumerate(user)}
+    found: dict[str, int] = {}
+    for node in exported.graph.nodes:
+        base = node
+        while getattr(base, "op", None) == "call_function" and base.args and _packet(base.target) in _ALWAYS_VIEWS:
+            base = base.args[0]
+        if getattr(base, "op", None) == "placeholder" and base.name in positions:
+            found[node.name] = positions[base.name]
+    return found
+
+
+def _packet(target: Any) -> str:
+    """An ATen op's name without its overload (``slice`` for ``aten.slice.Tensor``)."""
+    return getattr(getattr(target, "_overloadpacket", None), "__name__", "")
 
 
 def _finite(value: Any) -> int | None:
