@@ -17,6 +17,9 @@ for the second peer):
     .venv-test/bin/python benchmarks/peers.py --tune         # tune = true
     .venv-test/bin/python benchmarks/peers.py --optimize host  # compiled for this CPU
     .venv-test/bin/python benchmarks/peers.py --models bert,resnet50 --threads 2 --rounds 5
+    # more architectures (transformers' default configs too): distilbert, t5encoder, whisperencoder,
+    # convnext, swin, mobilenetv2, efficientnet
+    .venv-test/bin/python benchmarks/peers.py --models convnext,swin,efficientnet
     # each model also built with other settings, timed beside the defaults as `against`:
     .venv-test/bin/python benchmarks/peers.py --against '{ "cpp.weight_prepack" = false }'
 """
@@ -78,6 +81,56 @@ def vit():
 
     torch.manual_seed(0)
     return Tensor(ViTModel(ViTConfig(), add_pooling_layer=False), "pixel_values", "last_hidden_state").eval()
+
+
+def distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(0)
+    return Tensor(DistilBertModel(DistilBertConfig()), "input_ids", "last_hidden_state").eval()
+
+
+def t5encoder():
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    return Tensor(T5EncoderModel(T5Config()), "input_ids", "last_hidden_state").eval()
+
+
+def whisperencoder():
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    return Tensor(WhisperEncoder(WhisperConfig()), "input_features", "last_hidden_state").eval()
+
+
+def convnext():
+    from transformers import ConvNextConfig, ConvNextModel
+
+    torch.manual_seed(0)
+    return Tensor(ConvNextModel(ConvNextConfig()), "pixel_values", "last_hidden_state").eval()
+
+
+def swin():
+    from transformers import SwinConfig, SwinModel
+
+    torch.manual_seed(0)
+    return Tensor(SwinModel(SwinConfig()), "pixel_values", "last_hidden_state").eval()
+
+
+def mobilenetv2():
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    torch.manual_seed(0)
+    return Tensor(MobileNetV2Model(MobileNetV2Config()), "pixel_values", "last_hidden_state").eval()
+
+
+def efficientnet():
+    from transformers import EfficientNetConfig, EfficientNetModel
+
+    torch.manual_seed(0)
+    return Tensor(EfficientNetModel(EfficientNetConfig()), "pixel_values", "pooler_output").eval()
 '''
 #: Each model's input: shape, dtype and, for token ids, their range.
 INPUTS = {
@@ -85,7 +138,17 @@ INPUTS = {
     "gpt2": ([1, 128], "int64", 50257),
     "resnet50": ([1, 3, 224, 224], "float32", None),
     "vit": ([1, 3, 224, 224], "float32", None),
+    # not run unless named in --models:
+    "distilbert": ([1, 128], "int64", 30522),
+    "t5encoder": ([1, 128], "int64", 32128),
+    "whisperencoder": ([1, 80, 3000], "float32", None),
+    "convnext": ([1, 3, 224, 224], "float32", None),
+    "swin": ([1, 3, 224, 224], "float32", None),
+    "mobilenetv2": ([1, 3, 224, 224], "float32", None),
+    "efficientnet": ([1, 3, 224, 224], "float32", None),
 }
+#: What runs without --models.
+DEFAULT_MODELS = ["bert", "gpt2", "resnet50", "vit"]
 PYPROJECT = """
 [build-system]
 requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
@@ -172,6 +235,8 @@ def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]: 
         found["onnxruntime"] = lambda: session.run(None, feed)
     except ImportError as exc:
         print(f"  onnxruntime left out: {exc}")
+    except Exception as exc:  # onnxruntime raises its own types; a model it cannot take leaves its row
+        print(f"  onnxruntime cannot run {name}: {str(exc).strip().splitlines()[-1]}")
     try:
         import openvino as ov
 
@@ -181,6 +246,8 @@ def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]: 
         found["openvino"] = lambda: request.infer([array])
     except ImportError as exc:
         print(f"  openvino left out: {exc}")
+    except RuntimeError as exc:  # a model its converter cannot take is left out of its row
+        print(f"  openvino cannot run {name}: {str(exc).strip().splitlines()[-1]}")
     return found
 
 
@@ -256,7 +323,7 @@ def geomean(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(INPUTS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"some of {', '.join(INPUTS)}")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune", action="store_true", help="build with tune = true")
@@ -264,6 +331,8 @@ def main() -> None:
     parser.add_argument("--against", help="inductor-configs (TOML inline table) of a second build of each model")
     args = parser.parse_args()
     models = args.models.split(",")
+    if unknown := sorted(set(models) - set(INPUTS)):
+        parser.error(f"unknown models: {', '.join(unknown)} (known: {', '.join(INPUTS)})")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -281,7 +350,7 @@ def main() -> None:
         from peerpkg import compiled
         from peerpkg import models as eager_models
 
-        ratios: dict[str, list[float]] = {}
+        ratios: dict[str, dict[str, float]] = {}
         rows, counts = [], {}
         for name in models:
             x = example(name)
@@ -300,13 +369,13 @@ def main() -> None:
             rows.append((name, medians))
             for peer, seconds in medians.items():
                 if peer != "compiled":
-                    ratios.setdefault(peer, []).append(seconds / medians["compiled"])
+                    ratios.setdefault(peer, {})[name] = seconds / medians["compiled"]
             line = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in medians.items())
             print(f"{name:9s} {line}", flush=True)
         print("\npeer time / compiled time (above 1: hatch-aoti is faster)")
         for peer, values in ratios.items():
-            each = ", ".join(f"{n} {r:.2f}x" for (n, _), r in zip(rows, values))
-            print(f"  {peer:12s} geomean {geomean(values):.2f}x  ({each})")
+            each = ", ".join(f"{n} {r:.2f}x" for n, r in values.items())
+            print(f"  {peer:12s} geomean {geomean(list(values.values())):.2f}x  ({each})")
         fastest = peak(args.threads)
         rates(rows, counts, fastest)
         print(
@@ -318,7 +387,7 @@ def main() -> None:
                     "optimize": args.optimize,
                     "against": args.against,
                     "ms": {n: {k: v * 1e3 for k, v in m.items()} for n, m in rows},
-                    "geomean": {p: geomean(v) for p, v in ratios.items()},
+                    "geomean": {p: geomean(list(v.values())) for p, v in ratios.items()},
                     "gflop": {n: c / 1e9 for n, c in counts.items()},
                     "peak_gflops": fastest / 1e9,
                 }

@@ -105,7 +105,7 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
     import torch
 
     from hatch_aoti.backends.aoti import fast_defaults
-    from hatch_aoti.worker.coordinator import weighted_macs
+    from hatch_aoti.worker.coordinator import convolves, weighted_macs
 
     export, nn = torch.export.export, torch.nn
 
@@ -118,11 +118,15 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
             return x @ self.w
 
     depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Flatten(), nn.Linear(288, 4))
-    # the convolution: 8 x 6 x 6 outputs of 9 each; the linear layer: 4 outputs of 288
-    assert weighted_macs(export(depthwise, (torch.ones(1, 8, 8, 8),))) == (288 * 9 + 4 * 288) // 2
+    # the linear layer: 4 outputs of 288; the convolution is not a matrix product
+    small_convolutions = export(depthwise, (torch.ones(1, 8, 8, 8),))
+    assert weighted_macs(small_convolutions) == 4 * 288 and convolves(small_convolutions)
+    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], small_convolutions)
+    assert fast_defaults(spec)["cpp.weight_prepack"] is True, "convolutions run on oneDNN packed or not"
     batch = ({0: torch.export.Dim("batch", min=1, max=64)},)
     assert weighted_macs(export(nn.Linear(128, 256), (torch.ones(4, 128),), dynamic_shapes=batch)) == 4 * 128 * 256
     assert weighted_macs(export(MatMul(), (torch.ones(2, 16),))) == 2 * 32 * 16
+    assert not convolves(export(MatMul(), (torch.ones(2, 16),)))
     unweighted = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], export(nn.ReLU(), (torch.ones(2),)))
     assert unweighted.weighted_macs is None and fast_defaults(unweighted)["cpp.weight_prepack"] is True
 

@@ -56,9 +56,10 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   says so (a copy of those weights in each process, for a few percent on some CPUs);
 #: - a GELU after a float32 linear layer runs as a kernel of its own, not as oneDNN's post-op
 #:   (``_torch_private.keep_gelu_apart``).
-#: A packed op takes oneDNN's path on every call, which costs more than MKL's for a small matrix
-#: product, so models whose products and convolutions by a weight average less work than this
-#: many multiply-adds are not prepacked (chosen between measured sizes: docs/configuration.md).
+#: A packed matrix product takes oneDNN's path on every call, which costs more than MKL's for a
+#: small one, so models whose products by a weight average less work than this many multiply-adds
+#: are not prepacked, unless they have convolutions, which run on oneDNN either way (chosen
+#: between measured sizes: docs/configuration.md).
 PREPACK_FROM_MACS = 10_000_000
 #: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
 #: the originals while the model compiles; from this size on it is left to the user.
@@ -76,7 +77,8 @@ def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
     """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense, or
     whose ops are too small to gain from packing, is not packed."""
     configs = dict(FAST_DEFAULTS)
-    small = spec.weighted_macs is not None and spec.weighted_macs < PREPACK_FROM_MACS
+    macs = spec.weighted_macs
+    small = not spec.convolves and macs is not None and macs < PREPACK_FROM_MACS
     if not spec.repackable or small:
         configs["cpp.weight_prepack"] = False
     if spec.optimize != HOST and spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW:
@@ -128,8 +130,10 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
 
     from hatch_aoti import _torch_private
     from hatch_aoti.backends.pt2 import unpack_pt2
+    from hatch_aoti.backends.rewrites import whole_window_pools
 
     _torch_private.before_compile()
+    whole_window_pools(exported)  # exact, and done once: the same program again has nothing to turn
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()

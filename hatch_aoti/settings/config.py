@@ -760,8 +760,10 @@ class ModelSpec:
     repackable: bool = True
     """Whether the weights Inductor packs for oneDNN can ship dense, once exported (see ``fast_defaults``)."""
     weighted_macs: int | None = None
-    """Mean multiply-adds of the exported program's matrix products and convolutions by a weight, at
-    the example inputs' sizes (a model exported at batch 1 counts batch 1)."""
+    """Mean multiply-adds of the exported program's matrix products by a weight, at the example
+    inputs' sizes (a model exported at batch 1 counts batch 1)."""
+    convolves: bool = False
+    """Whether the exported program has a convolution by a weight (packed at any size)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

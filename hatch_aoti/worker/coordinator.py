@@ -144,8 +144,9 @@ class Coordinator:
         """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
         size = weights_size(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        repack, macs = repackable(exported), weighted_macs(exported)
-        return dataclasses.replace(spec, weights=weights, weights_bytes=size, repackable=repack, weighted_macs=macs)
+        found = {"repackable": repackable(exported), "weighted_macs": weighted_macs(exported)}
+        found["convolves"] = convolves(exported)
+        return dataclasses.replace(spec, weights=weights, weights_bytes=size, **found)
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -795,31 +796,43 @@ def repackable(exported: Any) -> bool:
 
 
 def weighted_macs(exported: Any) -> int | None:
-    """Mean multiply-adds of the program's matrix products and convolutions by a weight (the ops
-    Inductor can pack), sizes that vary taken at their example's; None where it has none. Products
-    by a weight that is first reshaped or expanded (``einsum``, ``bmm``) are not counted."""
+    """Mean multiply-adds of the program's matrix products by a weight (the products Inductor can
+    pack), sizes that vary taken at their example's; None where it has none. Products by a weight
+    that is first reshaped or expanded (``einsum``, ``bmm``) are not counted."""
     import torch
 
     aten = torch.ops.aten
     #: where each op takes its weight, and the weight's dimension its output's elements sum over
-    #: (``x @ W`` is packed as a matrix product; a convolution sums over all but the first)
-    weight_at: dict[Any, tuple[int, int | None]] = {aten.linear.default: (1, 1), aten.mm.default: (1, 0)}
-    weight_at[aten.addmm.default] = (2, 0)
-    weight_at |= {aten.matmul.default: (1, -2), aten.convolution.default: (1, None)}
-    weight_at |= dict.fromkeys((aten.conv1d.default, aten.conv2d.default, aten.conv3d.default), (1, None))
-    signature = exported.graph_signature
-    weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
-    weights |= set(signature.inputs_to_lifted_tensor_constants)
+    weight_at: dict[Any, tuple[int, int]] = {aten.linear.default: (1, 1), aten.mm.default: (1, 0)}
+    weight_at |= {aten.addmm.default: (2, 0), aten.matmul.default: (1, -2)}
+    weights = _weight_names(exported)
     counts = []
     for node in exported.graph.nodes:
-        at, inner = weight_at.get(node.target, (None, None))
+        at, inner = weight_at.get(node.target, (None, 0))
         if at is None or len(node.args) <= at or getattr(node.args[at], "name", None) not in weights:
             continue
         out, weight = node.meta.get("val"), node.args[at].meta.get("val")
         with contextlib.suppress(Exception):  # a size without an example
-            summed = weight.numel() // weight.shape[0] if inner is None else weight.shape[inner]
-            counts.append(_example(out.numel()) * _example(summed))
+            counts.append(_example(out.numel()) * _example(weight.shape[inner]))
     return sum(counts) // len(counts) if counts else None
+
+
+def convolves(exported: Any) -> bool:
+    """Whether the program has a convolution by a weight: oneDNN runs those packed or not, so
+    packing their weights once saves a reorder per call at any size."""
+    import torch
+
+    aten = torch.ops.aten
+    ops = {aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default}
+    weights = _weight_names(exported)
+    return any(n.target in ops and getattr(n.args[1], "name", None) in weights for n in exported.graph.nodes)
+
+
+def _weight_names(exported: Any) -> set[str]:
+    """The graph inputs that hold the program's weights (parameters, buffers, constants)."""
+    signature = exported.graph_signature
+    weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
+    return weights | set(signature.inputs_to_lifted_tensor_constants)
 
 
 def _example(size: Any) -> int:

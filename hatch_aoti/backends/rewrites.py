@@ -1,0 +1,53 @@
+"""Exact rewrites of an exported program before Inductor compiles it, where Inductor's lowering of
+an op is far slower than eager's and an equal op is not (figures: docs/configuration.md#fast-defaults)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Average pools by their number of spatial dims.
+_POOLS = {"avg_pool1d": 1, "avg_pool2d": 2, "avg_pool3d": 3}
+
+
+def whole_window_pools(exported: Any) -> int:
+    """Turn each average pool whose one window covers its whole input into a mean over those dims; how
+    many it turned. Inductor sums such a window over the kernel's size, not the input's, testing each
+    place against the input's bounds (transformers' EfficientNet pools 7 x 7 with a kernel of 1280 or
+    more). Eager clips the window to the input and divides by what is left of it: the mean. The node
+    keeps its name, by which outputs are recorded."""
+    import torch
+
+    turned = 0
+    for node in exported.graph.nodes:
+        packet = getattr(node.target, "_overloadpacket", None) if node.op == "call_function" else None
+        dims = _POOLS.get(getattr(packet, "__name__", ""))
+        if dims is not None and _whole_window(node, dims):
+            mean = (node.args[0], list(range(-dims, 0)), True)
+            node.target, node.args, node.kwargs = torch.ops.aten.mean.dim, mean, {}
+            turned += 1
+    if turned:
+        exported.graph_module.recompile()
+    return turned
+
+
+def _whole_window(node: Any, dims: int) -> bool:
+    """Whether the pool ``node`` is one window at offset 0 that covers every element of its input, with
+    no divisor given: the window is clipped to the input, and eager divides by the input's size."""
+    names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+    given = dict(zip(names, node.args[1:])) | dict(node.kwargs)
+    val, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if val is None or out is None or given.get("divisor_override") is not None:
+        return False
+    kernel, padding = _per_dim(given["kernel_size"], dims), _per_dim(given.get("padding", 0), dims)
+    sizes, outs = list(val.shape[-dims:]), list(out.shape[-dims:])
+    if not all(isinstance(n, int) for n in [*sizes, *outs, *kernel, *padding]):
+        return False  # a dynamic size: the window may not cover it at every size
+    covered = all(k >= n for k, n in zip(kernel, sizes))
+    return outs == [1] * dims and not any(padding) and covered and math.prod(sizes) > 0
+
+
+def _per_dim(value: Any, dims: int) -> list[Any]:
+    """A pool's size argument, one per spatial dim (an int, or a list of one, applies to each)."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    return values * dims if len(values) == 1 else values
