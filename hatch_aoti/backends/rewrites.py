@@ -23,8 +23,8 @@ def whole_window_pools(exported: Any) -> int:
         packet = getattr(node.target, "_overloadpacket", None) if node.op == "call_function" else None
         dims = _POOLS.get(getattr(packet, "__name__", ""))
         if dims is not None and _whole_window(node, dims):
-            mean = (node.args[0], list(range(-dims, 0)), True)
-            node.target, node.args, node.kwargs = torch.ops.aten.mean.dim, mean, {}
+            args = (node.args[0], list(range(-dims, 0)), True)
+            node.target, node.args, node.kwargs = torch.ops.aten.mean.dim, args, {}
             turned += 1
     if turned:
         exported.graph_module.recompile()

@@ -144,9 +144,14 @@ class Coordinator:
         """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
         size = weights_size(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        found = {"repackable": repackable(exported), "weighted_macs": weighted_macs(exported)}
-        found["convolves"] = convolves(exported)
-        return dataclasses.replace(spec, weights=weights, weights_bytes=size, **found)
+        return dataclasses.replace(
+            spec,
+            weights=weights,
+            weights_bytes=size,
+            repackable=repackable(exported),
+            weighted_macs=weighted_macs(exported),
+            convolves=convolves(exported),
+        )
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
