@@ -216,39 +216,54 @@ def example(name: str):  # type: ignore[no-untyped-def]
 
 
 def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    """ONNX Runtime and OpenVINO callables on one ONNX export of ``module``; the peers that are missing
-    are left out with the reason."""
+    """ONNX Runtime and OpenVINO callables on one ONNX export of ``module``, each called once; a peer
+    that is missing, or cannot take the model, is left out of its row with the reason."""
     import torch
 
     path = work / f"{name}.onnx"
-    with torch.no_grad():
-        torch.onnx.export(module, (x,), str(path), dynamo=True, external_data=True)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, (x,), str(path), dynamo=True, external_data=True)
+    except Exception as exc:  # the exporter raises its own types; the row keeps eager and hatch-aoti
+        print(f"  torch.onnx cannot export {name}: {last_line(exc)}")
+        return {}
     found: dict[str, object] = {}
-    try:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        feed = {session.get_inputs()[0].name: x.numpy()}
-        found["onnxruntime"] = lambda: session.run(None, feed)
-    except ImportError as exc:
-        print(f"  onnxruntime left out: {exc}")
-    except Exception as exc:  # onnxruntime raises its own types; a model it cannot take leaves its row
-        print(f"  onnxruntime cannot run {name}: {str(exc).strip().splitlines()[-1]}")
-    try:
-        import openvino as ov
-
-        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
-        compiled = ov.Core().compile_model(str(path), "CPU", config)
-        request, array = compiled.create_infer_request(), x.numpy()
-        found["openvino"] = lambda: request.infer([array])
-    except ImportError as exc:
-        print(f"  openvino left out: {exc}")
-    except RuntimeError as exc:  # a model its converter cannot take is left out of its row
-        print(f"  openvino cannot run {name}: {str(exc).strip().splitlines()[-1]}")
+    for peer, start in (("onnxruntime", onnxruntime_call), ("openvino", openvino_call)):
+        try:
+            call = start(path, x, threads)
+            call()
+            found[peer] = call
+        except ImportError as exc:
+            print(f"  {peer} left out: {exc}")
+        except Exception as exc:  # each runtime raises its own types
+            print(f"  {peer} cannot run {name}: {last_line(exc)}")
     return found
+
+
+def onnxruntime_call(path: Path, x, threads: int):  # type: ignore[no-untyped-def]
+    """One ONNX Runtime session on ``path`` with every graph optimization, as a call on ``x``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x.numpy()}
+    return lambda: session.run(None, feed)
+
+
+def openvino_call(path: Path, x, threads: int):  # type: ignore[no-untyped-def]
+    """One OpenVINO model on ``path``, compiled for latency at f32, as a call on ``x``."""
+    import openvino as ov
+
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    request, array = ov.Core().compile_model(str(path), "CPU", config).create_infer_request(), x.numpy()
+    return lambda: request.infer([array])
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an error's message, or its type where it has none."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
 
 
 def timed(calls: dict[str, object], threads: int, rounds: int) -> dict[str, float]:

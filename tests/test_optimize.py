@@ -105,7 +105,7 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
     import torch
 
     from hatch_aoti.backends.aoti import fast_defaults
-    from hatch_aoti.worker.coordinator import convolves, weighted_macs
+    from hatch_aoti.worker.coordinator import convolutions, weighted_macs
 
     export, nn = torch.export.export, torch.nn
 
@@ -117,16 +117,26 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x @ self.w
 
-    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Flatten(), nn.Linear(288, 4))
-    # the linear layer: 4 outputs of 288; the convolution is not a matrix product
+    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 8, 1), nn.Flatten(), nn.Linear(288, 4))
+    # the linear layer: 4 outputs of 288; the convolutions are not matrix products
     small_convolutions = export(depthwise, (torch.ones(1, 8, 8, 8),))
-    assert weighted_macs(small_convolutions) == 4 * 288 and convolves(small_convolutions)
+    assert weighted_macs(small_convolutions) == 4 * 288 and convolutions(small_convolutions) == 2
     spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], small_convolutions)
     assert fast_defaults(spec)["cpp.weight_prepack"] is True, "convolutions run on oneDNN packed or not"
+    head = [nn.Linear(16, 16) for _ in range(3)]  # small products, more than the convolutions
+    mixed = export(nn.Sequential(nn.Conv2d(3, 16, 3), nn.Flatten(), *head), (torch.ones(1, 3, 3, 3),))
+    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], mixed)
+    assert (spec.convolutions, spec.weighted_products) == (1, 3)
+    assert fast_defaults(spec)["cpp.weight_prepack"] is False, "packed small products lose more than it gains"
+    even = export(nn.Sequential(nn.Conv2d(3, 16, 3), nn.Flatten(), nn.Linear(16, 16)), (torch.ones(1, 3, 3, 3),))
+    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], even)
+    assert fast_defaults(spec)["cpp.weight_prepack"] is False, "as many small products as convolutions"
     batch = ({0: torch.export.Dim("batch", min=1, max=64)},)
     assert weighted_macs(export(nn.Linear(128, 256), (torch.ones(4, 128),), dynamic_shapes=batch)) == 4 * 128 * 256
     assert weighted_macs(export(MatMul(), (torch.ones(2, 16),))) == 2 * 32 * 16
-    assert not convolves(export(MatMul(), (torch.ones(2, 16),)))
+    assert convolutions(export(MatMul(), (torch.ones(2, 16),))) == 0
+    same = nn.Conv2d(3, 4, 3, padding="same")  # exported as ``aten.conv2d.padding``
+    assert convolutions(export(same, (torch.ones(1, 3, 8, 8),))) == 1
     unweighted = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], export(nn.ReLU(), (torch.ones(2),)))
     assert unweighted.weighted_macs is None and fast_defaults(unweighted)["cpp.weight_prepack"] is True
 

@@ -39,6 +39,8 @@ def test_a_pool_whose_window_covers_its_input_becomes_the_mean_eager_computes(mo
     torch.testing.assert_close(got, module(x), rtol=1e-6, atol=1e-6)
     assert got.shape == module(x).shape
     assert whole_window_pools(program) == 0  # nothing left to turn: a second compile of it is the same
+    (node,) = [n for n in program.graph.nodes if n.target is MEAN]  # type: ignore[attr-defined]
+    assert node.meta["val"].shape == got.shape and node.meta["val"].stride() == got.stride()
 
 
 @pytest.mark.parametrize(
@@ -55,6 +57,33 @@ def test_other_pools_stay_as_they_are(module: nn.Module, shape: list[int], why: 
     before = targets(program)
     assert whole_window_pools(program) == 0, why
     assert targets(program) == before
+
+
+def test_an_integer_pool_stays_as_it_is():
+    """Eager rounds an integer pool, and ``mean`` refuses integers."""
+
+    class Pool(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.avg_pool2d(x, 64, ceil_mode=True)
+
+    x = torch.randint(0, 10, (1, 3, 7, 7))
+    program = torch.export.export(Pool(), (x,))
+    assert whole_window_pools(program) == 0
+    assert torch.equal(program.module()(x), Pool()(x))
+
+
+def test_a_pool_in_a_subgraph_is_turned_too():
+    class Branches(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pool = nn.functional.avg_pool2d
+            whole, peak = (lambda t: pool(t, 64, ceil_mode=True)), (lambda t: -t.amax((-2, -1), True))
+            return torch.cond(x.sum() > 0, whole, peak, (x,))
+
+    program = exported(Branches(), [1, 3, 7, 7])
+    x = torch.rand(1, 3, 7, 7)
+    assert whole_window_pools(program) == 1
+    assert MEAN in targets(program.graph_module.true_graph_0)  # type: ignore[attr-defined]
+    torch.testing.assert_close(program.module()(x), Branches()(x), rtol=1e-6, atol=1e-6)  # type: ignore[attr-defined]
 
 
 def test_a_pool_over_a_dynamic_size_stays_as_it_is():

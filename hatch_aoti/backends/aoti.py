@@ -75,10 +75,11 @@ REPACKED = frozenset({"mkldnn::_reorder_convolution_weight", "mkldnn::_reorder_l
 
 def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
     """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense, or
-    whose ops are too small to gain from packing, is not packed."""
+    whose matrix products are too small to gain from packing and at least as many as its convolutions
+    (which gain at any size), is not packed."""
     configs = dict(FAST_DEFAULTS)
     macs = spec.weighted_macs
-    small = not spec.convolves and macs is not None and macs < PREPACK_FROM_MACS
+    small = macs is not None and macs < PREPACK_FROM_MACS and spec.weighted_products >= spec.convolutions
     if not spec.repackable or small:
         configs["cpp.weight_prepack"] = False
     if spec.optimize != HOST and spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW:

@@ -11,33 +11,49 @@ _POOLS = {"avg_pool1d": 1, "avg_pool2d": 2, "avg_pool3d": 3}
 
 
 def whole_window_pools(exported: Any) -> int:
-    """Turn each average pool whose one window covers its whole input into a mean over those dims; how
-    many it turned. Inductor sums such a window over the kernel's size, not the input's, testing each
-    place against the input's bounds (transformers' EfficientNet pools 7 x 7 with a kernel of 1280 or
-    more). Eager clips the window to the input and divides by what is left of it: the mean. The node
-    keeps its name, by which outputs are recorded."""
+    """Turn each average pool whose one window covers its whole input into a mean over those dims, in
+    the program and in its subgraphs; how many it turned. Inductor sums such a window over the kernel's
+    size, not the input's, testing each place against the input's bounds (transformers' EfficientNet
+    pools 7 x 7 with a kernel of 2560). Eager clips the window to the input and divides by what is left
+    of it: the mean. The node keeps its name, by which outputs are recorded."""
     import torch
 
     turned = 0
-    for node in exported.graph.nodes:
+    for module in exported.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule) and (count := _turn_pools(module.graph)):
+            module.recompile()
+            turned += count
+    return turned
+
+
+def _turn_pools(graph: Any) -> int:
+    """Turn the whole-window pools of one graph into means; how many it turned."""
+    import torch
+
+    mean, turned = torch.ops.aten.mean.dim, 0
+    for node in graph.nodes:
         packet = getattr(node.target, "_overloadpacket", None) if node.op == "call_function" else None
         dims = _POOLS.get(getattr(packet, "__name__", ""))
         if dims is not None and _whole_window(node, dims):
-            args = (node.args[0], list(range(-dims, 0)), True)
-            node.target, node.args, node.kwargs = torch.ops.aten.mean.dim, args, {}
+            node.target, node.args, node.kwargs = mean, (node.args[0], list(range(-dims, 0)), True), {}
+            val = node.args[0].meta["val"]
+            with val.fake_mode:  # the mean's own value: its strides may differ from the pool's
+                node.meta["val"] = mean(val, *node.args[1:])
+            node.meta["original_aten"] = mean
             turned += 1
-    if turned:
-        exported.graph_module.recompile()
     return turned
 
 
 def _whole_window(node: Any, dims: int) -> bool:
-    """Whether the pool ``node`` is one window at offset 0 that covers every element of its input, with
-    no divisor given: the window is clipped to the input, and eager divides by the input's size."""
+    """Whether the pool ``node`` is one window at offset 0 that covers every element of its floating
+    input of static size, with no divisor given: the window is clipped to the input, and eager divides
+    by the input's size (an integer pool rounds, and ``mean`` refuses integers)."""
     names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
     given = dict(zip(names, node.args[1:])) | dict(node.kwargs)
     val, out = node.args[0].meta.get("val"), node.meta.get("val")
-    if val is None or out is None or given.get("divisor_override") is not None:
+    if getattr(val, "fake_mode", None) is None or out is None or given.get("divisor_override") is not None:
+        return False  # no traced value to size the window by, or a divisor of its own
+    if not val.dtype.is_floating_point:
         return False
     kernel, padding = _per_dim(given["kernel_size"], dims), _per_dim(given.get("padding", 0), dims)
     sizes, outs = list(val.shape[-dims:]), list(out.shape[-dims:])

@@ -762,8 +762,10 @@ class ModelSpec:
     weighted_macs: int | None = None
     """Mean multiply-adds of the exported program's matrix products by a weight, at the example
     inputs' sizes (a model exported at batch 1 counts batch 1)."""
-    convolves: bool = False
-    """Whether the exported program has a convolution by a weight (packed at any size)."""
+    weighted_products: int = 0
+    """How many matrix products by a weight the exported program has (those ``weighted_macs`` counts)."""
+    convolutions: int = 0
+    """How many convolutions by a weight the exported program has (those gain from packing at any size)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:

@@ -150,7 +150,8 @@ class Coordinator:
             weights_bytes=size,
             repackable=repackable(exported),
             weighted_macs=weighted_macs(exported),
-            convolves=convolves(exported),
+            weighted_products=len(product_macs(exported)),
+            convolutions=convolutions(exported),
         )
 
     def look_up(
@@ -802,8 +803,14 @@ def repackable(exported: Any) -> bool:
 
 def weighted_macs(exported: Any) -> int | None:
     """Mean multiply-adds of the program's matrix products by a weight (the products Inductor can
-    pack), sizes that vary taken at their example's; None where it has none. Products by a weight
-    that is first reshaped or expanded (``einsum``, ``bmm``) are not counted."""
+    pack), sizes that vary taken at their example's; None where it has none."""
+    counts = product_macs(exported)
+    return sum(counts) // len(counts) if counts else None
+
+
+def product_macs(exported: Any) -> list[int]:
+    """Multiply-adds of each of the program's matrix products by a weight. Products by a weight that is
+    first reshaped or expanded (``einsum``, ``bmm``) are not counted, nor one whose size has no example."""
     import torch
 
     aten = torch.ops.aten
@@ -819,18 +826,25 @@ def weighted_macs(exported: Any) -> int | None:
         out, weight = node.meta.get("val"), node.args[at].meta.get("val")
         with contextlib.suppress(Exception):  # a size without an example
             counts.append(_example(out.numel()) * _example(weight.shape[inner]))
-    return sum(counts) // len(counts) if counts else None
+    return counts
 
 
-def convolves(exported: Any) -> bool:
-    """Whether the program has a convolution by a weight: oneDNN runs those packed or not, so
-    packing their weights once saves a reorder per call at any size."""
+def convolutions(exported: Any) -> int:
+    """How many convolutions by a weight the program has: oneDNN runs those packed or not, so packing
+    their weights once saves a reorder per call at any size."""
     import torch
 
     aten = torch.ops.aten
-    ops = {aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default}
+    ops = {aten.convolution, aten.conv1d, aten.conv2d, aten.conv3d}  # every overload: padding="same" too
     weights = _weight_names(exported)
-    return any(n.target in ops and getattr(n.args[1], "name", None) in weights for n in exported.graph.nodes)
+    return sum(_convolution_weight(n, ops) in weights for n in exported.graph.nodes)
+
+
+def _convolution_weight(node: Any, ops: set[Any]) -> str | None:
+    """The name of the weight a convolution node convolves by, or None for any other node."""
+    if getattr(node.target, "_overloadpacket", None) not in ops or len(node.args) < 2:
+        return None
+    return getattr(node.args[1], "name", None)
 
 
 def _weight_names(exported: Any) -> set[str]:
