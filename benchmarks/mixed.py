@@ -3,8 +3,9 @@
 Each model is compiled with AOTInductor (``freezing``, ``cpp.weight_prepack`` on and off, as the
 aoti backend's fast defaults set them) in a process of its own, since Inductor registers its
 packing passes once per process, and timed with ``torch.utils.benchmark`` after matching eager.
-``mixed``: one 3x3 convolution before eight small linear layers; ``balanced``: four 3x3
-convolutions and four linear layers. Run with the test venv:
+``mixed``: one 3x3 convolution (3 to 8 channels, 32x32) before eight linear layers
+(128 to 256, six 256 to 256, 256 to 10); ``balanced``: four 3x3 convolutions (16 channels) and four
+linear layers (three 256 to 256, 256 to 10), a ReLU after each layer but the last. Run with the test venv:
 
     .venv-test/bin/python benchmarks/mixed.py --rounds 2
 """
@@ -24,13 +25,16 @@ from torch.utils.benchmark import Timer
 name, mode, work = sys.argv[1:4]
 torch.manual_seed(0)
 torch.set_num_threads(2)
-if name == "mixed":
-    layers = [nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(128, 256)]
-    layers += [nn.Linear(256, 256) for _ in range(6)]
-else:
-    layers = [nn.Conv2d(3, 16, 3, padding=1)] + [nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)]
-    layers += [nn.AdaptiveAvgPool2d(4), nn.Flatten()] + [nn.Linear(256, 256) for _ in range(3)]
-model = nn.Sequential(*[m for layer in layers for m in (layer, nn.ReLU())], nn.Linear(256, 10)).eval()
+def relu(*layers):
+    return [m for layer in layers for m in (layer, nn.ReLU())]
+
+if name == "mixed":  # one 3x3 convolution, eight linear layers
+    body = [*relu(nn.Conv2d(3, 8, 3)), nn.AdaptiveAvgPool2d(4), nn.Flatten()]
+    body += relu(nn.Linear(128, 256), *[nn.Linear(256, 256) for _ in range(6)])
+else:  # four 3x3 convolutions, four linear layers
+    body = relu(nn.Conv2d(3, 16, 3, padding=1), *[nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)])
+    body += [nn.AdaptiveAvgPool2d(4), nn.Flatten(), *relu(*[nn.Linear(256, 256) for _ in range(3)])]
+model = nn.Sequential(*body, nn.Linear(256, 10)).eval()
 x = torch.rand(1, 3, 32, 32)
 with torch.no_grad():
     call = model

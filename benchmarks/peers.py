@@ -345,7 +345,7 @@ def main() -> None:
     parser.add_argument("--optimize", choices=("portable", "host"), default="portable", help="the table's optimize")
     parser.add_argument("--against", help="inductor-configs (TOML inline table) of a second build of each model")
     args = parser.parse_args()
-    models = args.models.split(",")
+    models = list(dict.fromkeys(args.models.split(",")))  # each once
     if unknown := sorted(set(models) - set(INPUTS)):
         parser.error(f"unknown models: {', '.join(unknown)} (known: {', '.join(INPUTS)})")
     import torch

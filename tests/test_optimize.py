@@ -72,14 +72,14 @@ def test_host_models_map_their_weights_as_any() -> None:
     assert (found["a"].weights, found["b"].weights) == ("mapped", "auto")
 
 
-def test_weights_are_packed_unless_they_cannot_ship_dense_or_their_ops_are_small() -> None:
+def test_weights_are_packed_unless_they_cannot_ship_dense_or_their_products_are_small() -> None:
     import torch
 
     from hatch_aoti.backends.aoti import AotiBackend, packs_weights
     from hatch_aoti.settings.cpu_targets import resolve
 
     host, portable = specs({"models": {"h": {**MODEL, "optimize": "host"}, "p": MODEL}}).values()
-    conv = torch.export.export(torch.nn.Conv2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))  # 108M multiply-adds
+    conv = torch.export.export(torch.nn.Conv2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))  # packed at any size
     transposed = torch.export.export(torch.nn.ConvTranspose2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))
     backend = AotiBackend()
     for spec, cpu in ((host, resolve("native")), (portable, resolve("x86-64-v3"))):

@@ -50,6 +50,7 @@ def test_a_pool_whose_window_covers_its_input_becomes_the_mean_eager_computes(mo
         (nn.AvgPool2d(64, ceil_mode=True, padding=1), [1, 3, 7, 7], "padding"),
         (nn.AvgPool2d(64, ceil_mode=True, divisor_override=3), [1, 3, 7, 7], "a divisor given"),
         (nn.AvgPool2d((7, 2), ceil_mode=True), [1, 3, 7, 7], "covers one dim only"),
+        (nn.AvgPool2d(4), [1, 3, 7, 7], "one window that leaves the input's last rows and columns out"),
     ],
 )
 def test_other_pools_stay_as_they_are(module: nn.Module, shape: list[int], why: str):
@@ -57,6 +58,30 @@ def test_other_pools_stay_as_they_are(module: nn.Module, shape: list[int], why: 
     before = targets(program)
     assert whole_window_pools(program) == 0, why
     assert targets(program) == before
+
+
+def test_the_mean_of_a_channels_last_input_is_traced_with_its_own_strides():
+    x = torch.rand(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    program = torch.export.export(nn.AvgPool2d(64, ceil_mode=True), (x,))
+    assert whole_window_pools(program) == 1
+    (node,) = [n for n in program.graph.nodes if n.target is MEAN]
+    got = program.module()(x)
+    assert node.meta["val"].stride() == got.stride() and node.meta["tensor_meta"].stride == got.stride()
+
+
+def test_an_op_of_another_library_named_like_a_pool_stays_as_it_is():
+    @torch.library.custom_op("rewrites_test::avg_pool2d", mutates_args=())
+    def pool(x: torch.Tensor, kernel: int) -> torch.Tensor:
+        return x.sum((-2, -1), keepdim=True)
+
+    pool.register_fake(lambda x, kernel: x.sum((-2, -1), keepdim=True))
+
+    class Library(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.rewrites_test.avg_pool2d(x, 64)
+
+    program = exported(Library(), [1, 3, 7, 7])
+    assert whole_window_pools(program) == 0
 
 
 def test_an_integer_pool_stays_as_it_is():
@@ -87,7 +112,7 @@ def test_a_pool_in_a_subgraph_is_turned_too():
 
 
 def test_a_pool_over_a_dynamic_size_stays_as_it_is():
-    """The window may not cover the input at every size it takes."""
+    """The rewrite reads only static sizes: it does not reason over a size's range."""
     program = exported(nn.AvgPool2d(64, ceil_mode=True), [1, 3, 7, 7], {3: torch.export.Dim("w", min=2, max=64)})
     assert whole_window_pools(program) == 0
 

@@ -58,8 +58,8 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   (``_torch_private.keep_gelu_apart``).
 #: A packed matrix product takes oneDNN's path on every call, which costs more than MKL's for a
 #: small one, so models whose products by a weight average less work than this many multiply-adds
-#: are not prepacked, unless they have convolutions, which run on oneDNN either way (chosen
-#: between measured sizes: docs/configuration.md).
+#: are not prepacked, unless their convolutions, which run on oneDNN either way, outnumber those
+#: products (chosen between measured sizes: docs/configuration.md).
 PREPACK_FROM_MACS = 10_000_000
 #: Freezing holds the weights it computes anew (convolutions with batch norms folded in) beside
 #: the originals while the model compiles; from this size on it is left to the user.

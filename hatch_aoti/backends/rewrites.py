@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: Average pools by their number of spatial dims.
-_POOLS = {"avg_pool1d": 1, "avg_pool2d": 2, "avg_pool3d": 3}
+#: Aten's average pools by their number of spatial dims.
+_POOLS = {f"avg_pool{dims}d": dims for dims in (1, 2, 3)}
 
 
 def whole_window_pools(exported: Any) -> int:
@@ -30,18 +30,28 @@ def _turn_pools(graph: Any) -> int:
     """Turn the whole-window pools of one graph into means; how many it turned."""
     import torch
 
-    mean, turned = torch.ops.aten.mean.dim, 0
+    aten, turned = torch.ops.aten, 0
+    pools = {getattr(aten, name).default: dims for name, dims in _POOLS.items()}
     for node in graph.nodes:
-        packet = getattr(node.target, "_overloadpacket", None) if node.op == "call_function" else None
-        dims = _POOLS.get(getattr(packet, "__name__", ""))
+        dims = pools.get(node.target) if node.op == "call_function" else None
         if dims is not None and _whole_window(node, dims):
-            node.target, node.args, node.kwargs = mean, (node.args[0], list(range(-dims, 0)), True), {}
-            val = node.args[0].meta["val"]
-            with val.fake_mode:  # the mean's own value: its strides may differ from the pool's
-                node.meta["val"] = mean(val, *node.args[1:])
-            node.meta["original_aten"] = mean
+            node.target, node.args, node.kwargs = aten.mean.dim, (node.args[0], list(range(-dims, 0)), True), {}
+            _trace_again(node)
             turned += 1
     return turned
+
+
+def _trace_again(node: Any) -> None:
+    """Give a rewritten node its own op's traced value and metadata: a mean's strides may differ
+    from the pool's it replaces."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    val = node.args[0].meta["val"]
+    with val.fake_mode:
+        node.meta["val"] = node.target(val, *node.args[1:])
+    if "tensor_meta" in node.meta:
+        node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+    node.meta["original_aten"] = node.target
 
 
 def _whole_window(node: Any, dims: int) -> bool:
