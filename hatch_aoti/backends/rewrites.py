@@ -6,9 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: Aten's average pools by their number of spatial dims.
-_POOLS = {f"avg_pool{dims}d": dims for dims in (1, 2, 3)}
-
 
 def whole_window_pools(exported: Any) -> int:
     """Turn each average pool whose one window covers its whole input into a mean over those dims, in
@@ -31,7 +28,7 @@ def _turn_pools(graph: Any) -> int:
     import torch
 
     aten, turned = torch.ops.aten, 0
-    pools = {getattr(aten, name).default: dims for name, dims in _POOLS.items()}
+    pools = {aten.avg_pool1d.default: 1, aten.avg_pool2d.default: 2, aten.avg_pool3d.default: 3}
     for node in graph.nodes:
         dims = pools.get(node.target) if node.op == "call_function" else None
         if dims is not None and _whole_window(node, dims):

@@ -142,15 +142,15 @@ class Coordinator:
     @staticmethod
     def with_weights(spec: ModelSpec, exported: Any) -> ModelSpec:
         """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
-        size = weights_size(exported)
+        size, products = weights_size(exported), product_macs(exported)
         weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
         return dataclasses.replace(
             spec,
             weights=weights,
             weights_bytes=size,
             repackable=repackable(exported),
-            weighted_macs=weighted_macs(exported),
-            weighted_products=len(product_macs(exported)),
+            weighted_macs=mean_macs(products),
+            weighted_products=len(products),
             convolutions=convolutions(exported),
         )
 
@@ -804,7 +804,11 @@ def repackable(exported: Any) -> bool:
 def weighted_macs(exported: Any) -> int | None:
     """Mean multiply-adds of the program's matrix products by a weight (the products Inductor can
     pack), sizes that vary taken at their example's; None where it has none."""
-    counts = product_macs(exported)
+    return mean_macs(product_macs(exported))
+
+
+def mean_macs(counts: list[int]) -> int | None:
+    """The mean of ``product_macs``; None where there are none."""
     return sum(counts) // len(counts) if counts else None
 
 
