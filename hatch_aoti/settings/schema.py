@@ -2,7 +2,8 @@
 
 validate-pyproject finds it through its ``validate_pyproject.tool_schema`` entry point, and
 editors through ``docs/hatch-aoti.schema.json``: a misspelt key fails there, before any build.
-The reader stays the authority; the schema checks keys and types, not the rules across them.
+The reader stays the authority; the schema checks keys and types, not the rules across them, and
+JSON Schema takes ``2.0`` for an integer and cannot name ``nan``, both of which the reader refuses.
 """
 
 from __future__ import annotations
