@@ -325,10 +325,10 @@ def test_what_json_schema_cannot_refuse_the_reader_refuses() -> None:
     """JSON Schema counts 2.0 as an integer and has no NaN: the docs say the build refuses both."""
     from validate_pyproject import api
 
-    document = {"project": {"name": "x", "version": "1"}}
+    validator, document = api.Validator(), {"project": {"name": "x", "version": "1"}}
     for model, where in (({"inputs": [{"shape": [2.0]}]}, "inputs[0].shape[0]"), ({"rtol": float("nan")}, "rtol")):
         model = {"factory": "a:b", "inputs": [{"shape": [1]}], **model}
-        api.Validator()({**document, "tool": {"hatch-aoti": {"models": {"m": model}}}})
+        validator({**document, "tool": {"hatch-aoti": {"models": {"m": model}}}})
         assert f"{M}.m.{where}" in problems({"models": {"m": model}}), where
 
 
