@@ -55,6 +55,28 @@ class Tensor(nn.Module):
         return getattr(self.model(**{self.argument: x}), self.field)
 
 
+def trained_like(model):
+    """``model`` with its activations at the scale training leaves them: convolutions initialised as
+    torchvision initialises these architectures (Kaiming, fan-out), batch norms at scale 1 with their
+    statistics measured on random images. With transformers' initial values (weights of std 0.02,
+    statistics of mean 0 and variance 1) activations shrink layer by layer, in EfficientNet to zero
+    through subnormal floats, which every side computes far slower on Intel CPUs."""
+    for layer in model.modules():
+        if isinstance(layer, nn.Conv2d):
+            nn.init.kaiming_normal_(layer.weight, mode="fan_out")
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            layer.reset_parameters()  # a scale of 1 too: transformers draws EfficientNet's at std 0.02
+            layer.momentum = None  # a plain average over the batches below
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.train()
+        for _ in range(4):
+            model(torch.rand(4, 3, 224, 224, generator=generator))
+    return model.eval()
+
+
 def bert():
     from transformers import BertConfig, BertModel
 
@@ -123,29 +145,30 @@ def mobilenetv2():
     from transformers import MobileNetV2Config, MobileNetV2Model
 
     torch.manual_seed(0)
-    return Tensor(MobileNetV2Model(MobileNetV2Config()), "pixel_values", "last_hidden_state").eval()
+    return trained_like(Tensor(MobileNetV2Model(MobileNetV2Config()), "pixel_values", "last_hidden_state"))
 
 
 def efficientnet():
     from transformers import EfficientNetConfig, EfficientNetModel
 
     torch.manual_seed(0)
-    return Tensor(EfficientNetModel(EfficientNetConfig()), "pixel_values", "pooler_output").eval()
+    return trained_like(Tensor(EfficientNetModel(EfficientNetConfig()), "pixel_values", "pooler_output"))
 '''
-#: Each model's input: shape, dtype and, for token ids, their range.
+#: Each model's input: shape, dtype and the end of its values' range (token ids; pixels from 0), from which
+#: the build draws its inputs too (None: the build's normals, timed on [0, 1)).
 INPUTS = {
     "bert": ([1, 128], "int64", 30522),
     "gpt2": ([1, 128], "int64", 50257),
-    "resnet50": ([1, 3, 224, 224], "float32", None),
-    "vit": ([1, 3, 224, 224], "float32", None),
+    "resnet50": ([1, 3, 224, 224], "float32", 1),
+    "vit": ([1, 3, 224, 224], "float32", 1),
     # not run unless named in --models:
     "distilbert": ([1, 128], "int64", 30522),
     "t5encoder": ([1, 128], "int64", 32128),
     "whisperencoder": ([1, 80, 3000], "float32", None),
-    "convnext": ([1, 3, 224, 224], "float32", None),
-    "swin": ([1, 3, 224, 224], "float32", None),
-    "mobilenetv2": ([1, 3, 224, 224], "float32", None),
-    "efficientnet": ([1, 3, 224, 224], "float32", None),
+    "convnext": ([1, 3, 224, 224], "float32", 1),
+    "swin": ([1, 3, 224, 224], "float32", 1),
+    "mobilenetv2": ([1, 3, 224, 224], "float32", 1),
+    "efficientnet": ([1, 3, 224, 224], "float32", 1),
 }
 #: What runs without --models.
 DEFAULT_MODELS = ["bert", "gpt2", "resnet50", "vit"]
@@ -210,9 +233,9 @@ def example(name: str):  # type: ignore[no-untyped-def]
 
     shape, dtype, high = INPUTS[name]
     generator = torch.Generator().manual_seed(7)
-    if high:
+    if dtype == "int64":
         return torch.randint(0, high, shape, generator=generator)
-    return torch.rand(shape, generator=generator)
+    return torch.rand(shape, generator=generator) * (high or 1)
 
 
 def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]

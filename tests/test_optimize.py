@@ -216,9 +216,9 @@ MODELS = """
         torch.manual_seed(0)
         return net()[:4]
 
-    def upsample():
+    def upsample():  # its zero pad folds into the convolution's padding
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 3)).eval()
+        return nn.Sequential(nn.ZeroPad2d(1), nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 3)).eval()
 """
 HOOK = """
     # Packed as real-size models are by default: these ops are too small for the default to.
@@ -307,6 +307,7 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
     assert conv1d["stride"] == [2800, 1], conv1d
     upsampling = manifest["upsample"]
     assert upsampling["inductor_configs"]["cpp.weight_prepack"] is False and "packing" not in upsampling
+    assert b"constant_pad_nd" not in libraries["upsample"], "no kernel copies the padded input"
     sys.path.insert(0, str(project))
     try:
         from hostpkg.models import net, small, upsample

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from hatch_aoti.backends.rewrites import whole_window_pools
+from hatch_aoti.backends.rewrites import whole_window_pools, zero_pads_into_convolutions
 
 MEAN = torch.ops.aten.mean.dim
 
@@ -123,3 +123,98 @@ def test_the_rewritten_node_keeps_its_name_so_recorded_outputs_still_find_it():
     whole_window_pools(program)
     assert program.graph_signature.user_outputs == (output,)  # type: ignore[attr-defined]
     assert [n.name for n in program.graph.nodes if n.target is MEAN] == [output]  # type: ignore[attr-defined]
+
+
+CONVOLUTIONS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default}
+PADS = {torch.ops.aten.pad.default, torch.ops.aten.constant_pad_nd.default}
+
+
+class PadThenConv(nn.Module):
+    def __init__(self, conv: nn.Module, sides: list[int], **pad: object) -> None:
+        super().__init__()
+        self.conv, self.sides, self.pad = conv, sides, pad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(nn.functional.pad(x, self.sides, **self.pad))  # type: ignore[arg-type]
+
+
+def convolution_paddings(program: object) -> list[list[int]]:
+    nodes = program.graph.nodes  # type: ignore[attr-defined]
+    found = [n for n in nodes if n.target in CONVOLUTIONS or n.target is torch.ops.aten.convolution.default]
+    return [list(n.args[4]) for n in found]
+
+
+@pytest.mark.parametrize(
+    ("conv", "sides", "shape", "padding"),
+    [
+        (nn.Conv2d(8, 8, 3, groups=8), [1, 1, 1, 1], [1, 8, 14, 14], [1, 1]),  # MobileNetV2's depthwise
+        (nn.Conv2d(3, 4, 3, padding=1), [2, 2, 1, 1], [1, 3, 9, 9], [2, 3]),  # adds to its own padding
+        (nn.Conv2d(3, 4, 5, stride=2, dilation=2), [0, 0, 3, 3], [2, 3, 17, 17], [3, 0]),
+        (nn.Conv1d(4, 6, 3, bias=False), [1, 1], [2, 4, 20], [1]),
+        (nn.Conv3d(2, 3, 3), [1, 1, 2, 2, 1, 1], [1, 2, 6, 7, 8], [1, 2, 1]),
+        (nn.Conv2d(3, 4, 3), [1, 1], [3, 9, 9], [0, 1]),  # no batch dim
+    ],
+)
+@pytest.mark.parametrize("decomposed", [False, True], ids=["aten", "core-aten"])
+def test_an_even_zero_pad_folds_into_the_convolution_that_reads_it(
+    conv: nn.Module, sides: list[int], shape: list[int], padding: list[int], decomposed: bool
+):
+    if decomposed and len(shape) == len(padding) + 1:
+        pytest.skip("core aten gives an unbatched convolution a batch dim of its own, between it and the pad")
+    model = PadThenConv(conv, sides)
+    program = exported(model, shape)
+    if decomposed:  # constant_pad_nd into aten.convolution, as run_decompositions gives them
+        program = program.run_decompositions()  # type: ignore[attr-defined]
+    x = torch.randn(shape)
+    assert zero_pads_into_convolutions(program) == 1
+    assert not PADS & set(targets(program))
+    assert convolution_paddings(program) == [padding]
+    got = program.module()(x)  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    (node,) = [n for n in program.graph.nodes if n.name == program.graph_signature.user_outputs[0]]  # type: ignore[attr-defined]
+    assert node.meta["val"].shape == got.shape
+    assert zero_pads_into_convolutions(program) == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "why"),
+    [
+        (PadThenConv(nn.Conv2d(3, 4, 3, stride=2), [0, 1, 0, 1]), [1, 3, 8, 8], "more after than before"),
+        (PadThenConv(nn.Conv2d(3, 4, 3), [1, 1, 1, 1], value=1.0), [1, 3, 8, 8], "pads with ones"),
+        (PadThenConv(nn.Conv2d(3, 4, 3), [1, 1, 1, 1], mode="reflect"), [1, 3, 8, 8], "reflects"),
+        (PadThenConv(nn.Conv2d(5, 4, 3), [1, 1, 1, 1, 1, 1]), [1, 3, 8, 8], "pads the channels"),
+        (PadThenConv(nn.Conv2d(3, 4, 3), [-1, -1, 0, 0]), [1, 3, 8, 8], "crops"),
+        (PadThenConv(nn.ConvTranspose2d(3, 4, 3), [1, 1, 1, 1]), [1, 3, 8, 8], "a transposed convolution"),
+        (PadThenConv(nn.Conv2d(3, 4, 3, padding="same"), [1, 1, 1, 1]), [1, 3, 8, 8], "padding by name"),
+    ],
+)
+def test_other_pads_stay_as_they_are(model: nn.Module, shape: list[int], why: str):
+    program = exported(model, shape)
+    before = targets(program)
+    assert zero_pads_into_convolutions(program) == 0, why
+    assert targets(program) == before
+
+
+def test_a_pad_that_is_read_elsewhere_too_stays():
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            padded = nn.functional.pad(x, [1, 1, 1, 1])
+            return self.conv(padded), padded
+
+    program = exported(Shared(), [1, 3, 8, 8])
+    assert zero_pads_into_convolutions(program) == 0
+
+
+def test_a_folded_convolution_of_a_channels_last_input_keeps_eager_strides():
+    model = PadThenConv(nn.Conv2d(8, 8, 3, groups=8), [1, 1, 1, 1]).eval()
+    x = torch.rand(1, 8, 10, 10).to(memory_format=torch.channels_last)
+    program = torch.export.export(model, (x,))
+    assert zero_pads_into_convolutions(program) == 1
+    (node,) = [n for n in program.graph.nodes if n.target in CONVOLUTIONS]
+    got = program.module()(x)
+    assert node.meta["val"].stride() == got.stride() == model(x).stride()
+    assert node.meta["tensor_meta"].stride == got.stride()

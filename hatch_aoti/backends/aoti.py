@@ -131,10 +131,11 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
 
     from hatch_aoti import _torch_private
     from hatch_aoti.backends.pt2 import unpack_pt2
-    from hatch_aoti.backends.rewrites import whole_window_pools
+    from hatch_aoti.backends.rewrites import whole_window_pools, zero_pads_into_convolutions
 
     _torch_private.before_compile()
-    whole_window_pools(exported)  # exact, and done once: the same program again has nothing to turn
+    whole_window_pools(exported)  # done once: the same program again has nothing to rewrite
+    zero_pads_into_convolutions(exported)
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
     packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()

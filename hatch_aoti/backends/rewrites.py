@@ -1,5 +1,6 @@
-"""Exact rewrites of an exported program before Inductor compiles it, where Inductor's lowering of
-an op is far slower than eager's and an equal op is not (figures: docs/configuration.md#fast-defaults)."""
+"""Rewrites of an exported program that keep what it computes, made before Inductor compiles it, where
+Inductor's lowering of an op is far slower than that of an equal one (figures:
+docs/configuration.md#fast-defaults)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,25 @@ def whole_window_pools(exported: Any) -> int:
     size, not the input's, testing each place against the input's bounds (transformers' EfficientNet
     pools 7 x 7 with a kernel of 2560). Eager clips the window to the input and divides by what is left
     of it: the mean. The node keeps its name, by which outputs are recorded."""
+    return _each_graph(exported, _turn_pools)
+
+
+def zero_pads_into_convolutions(exported: Any) -> int:
+    """Fold each zero pad, even on both sides, whose only user is a convolution into that convolution's
+    own padding; how many it folded. Inductor copies the padded input in a kernel of its own
+    (transformers' MobileNetV2 pads before each convolution, as TensorFlow does), where the
+    convolution's padding costs nothing: it leaves out the products with zeros (which only a weight
+    of inf or nan would have made other than zero)."""
+    return _each_graph(exported, _fold_pads)
+
+
+def _each_graph(exported: Any, rewrite: Any) -> int:
+    """Apply ``rewrite`` to the program's graph and its subgraphs'; how many nodes it rewrote."""
     import torch
 
     turned = 0
     for module in exported.graph_module.modules():
-        if isinstance(module, torch.fx.GraphModule) and (count := _turn_pools(module.graph)):
+        if isinstance(module, torch.fx.GraphModule) and (count := rewrite(module.graph)):
             module.recompile()
             turned += count
     return turned
@@ -38,14 +53,87 @@ def _turn_pools(graph: Any) -> int:
     return turned
 
 
+def _fold_pads(graph: Any) -> int:
+    """Fold the even zero pads of one graph into the convolutions that read them; how many it folded."""
+    folded = 0
+    for conv in list(graph.nodes):
+        args = _convolution_args(conv)
+        if args is None or not _read_once(pad := args[0], conv):
+            continue
+        amounts = _even_zero_pad(pad, len(args[4]))
+        if amounts is None:
+            continue
+        args[0], args[4] = pad.args[0], [p + a for p, a in zip(args[4], amounts)]
+        conv.args, conv.kwargs = tuple(args), {}
+        graph.erase_node(pad)
+        _trace_again(conv)
+        folded += 1
+    return folded
+
+
+def _read_once(value: Any, conv: Any) -> bool:
+    """Whether ``value`` is a node that ``conv`` alone reads, as its input only."""
+    users = getattr(value, "users", None)
+    read = [arg for arg in (*conv.args, *conv.kwargs.values()) if arg is value]
+    return users is not None and list(users) == [conv] and len(read) == 1
+
+
+def _convolution_args(node: Any) -> list[Any] | None:
+    """A forward convolution's arguments, all given, padding as one int per spatial dim; None for
+    any other node, a transposed convolution, or padding given by name ("same")."""
+    import torch
+
+    aten = torch.ops.aten
+    names = ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]
+    if node.op != "call_function" or node.target not in (
+        aten.conv1d.default,
+        aten.conv2d.default,
+        aten.conv3d.default,
+        aten.convolution.default,
+    ):
+        return None
+    if node.target is aten.convolution.default:
+        names[6:] = ["transposed", "output_padding", "groups"]
+    given = dict(zip(names, node.args)) | dict(node.kwargs)
+    weight = getattr(given.get("weight"), "meta", {}).get("val")
+    if weight is None or given.get("transposed", False):
+        return None
+    dims = weight.dim() - 2
+    given = {"bias": None, "stride": [1] * dims, "padding": 0, "dilation": [1] * dims, "groups": 1} | given
+    given["padding"] = _per_dim(given["padding"], dims)
+    return [given[name] for name in names] if all(isinstance(p, int) for p in given["padding"]) else None
+
+
+def _even_zero_pad(pad: Any, dims: int) -> list[int] | None:
+    """What ``pad`` adds on each side of each of the last ``dims`` dims, where it is a constant zero
+    pad of those dims only, the same on both sides of each; None otherwise."""
+    import torch
+
+    aten = torch.ops.aten
+    if pad.op != "call_function" or pad.target not in (aten.pad.default, aten.constant_pad_nd.default):
+        return None
+    names = ["input", "pad", "mode", "value"] if pad.target is aten.pad.default else ["input", "pad", "value"]
+    given = {"mode": "constant", "value": None} | dict(zip(names, pad.args)) | dict(pad.kwargs)
+    sides = list(given["pad"])
+    if given["mode"] != "constant" or given["value"] not in (None, 0) or len(sides) > 2 * dims:
+        return None
+    sides += [0] * (2 * dims - len(sides))
+    before, after = sides[0::2][::-1], sides[1::2][::-1]  # pad lists the last dim first
+    if not all(isinstance(n, int) and n >= 0 for n in sides) or before != after:
+        return None
+    return before
+
+
 def _trace_again(node: Any) -> None:
     """Give a rewritten node its own op's traced value and metadata: a mean's strides may differ
     from the pool's it replaces."""
+    import torch
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
     val = node.args[0].meta["val"]
+    args = torch.fx.node.map_arg(node.args, lambda arg: arg.meta["val"])
     with val.fake_mode:
-        node.meta["val"] = node.target(val, *node.args[1:])
+        node.meta["val"] = node.target(*args, **node.kwargs)
     if "tensor_meta" in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     node.meta["original_aten"] = node.target
