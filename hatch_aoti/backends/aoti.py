@@ -134,7 +134,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     from hatch_aoti.backends.rewrites import whole_window_pools, zero_pads_into_convolutions
 
     _torch_private.before_compile()
-    whole_window_pools(exported)  # done once: the same program again has nothing to rewrite
+    whole_window_pools(exported)  # each done once: the same program again has nothing to rewrite
     zero_pads_into_convolutions(exported)
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""Rewrites of an exported program that keep what it computes, made before Inductor compiles it, where
-Inductor's lowering of an op is far slower than that of an equal one (figures:
+"""Rewrites of an exported program that keep what it computes from finite weights, made before Inductor
+compiles it, where Inductor's lowering of an op is far slower than that of an equal one (figures:
 docs/configuration.md#fast-defaults)."""
 
 from __future__ import annotations
@@ -54,28 +54,34 @@ def _turn_pools(graph: Any) -> int:
 
 
 def _fold_pads(graph: Any) -> int:
-    """Fold the even zero pads of one graph into the convolutions that read them; how many it folded."""
+    """Fold the even zero pads of one graph into the convolutions that read them, pads of pads too;
+    how many it folded."""
     folded = 0
     for conv in list(graph.nodes):
-        args = _convolution_args(conv)
-        if args is None or not _read_once(pad := args[0], conv):
-            continue
-        amounts = _even_zero_pad(pad, len(args[4]))
-        if amounts is None:
-            continue
-        args[0], args[4] = pad.args[0], [p + a for p, a in zip(args[4], amounts)]
-        conv.args, conv.kwargs = tuple(args), {}
-        graph.erase_node(pad)
-        _trace_again(conv)
-        folded += 1
+        while _fold_pad(graph, conv):
+            folded += 1
     return folded
 
 
+def _fold_pad(graph: Any, conv: Any) -> bool:
+    """Fold the pad that ``conv`` reads into it, where it is an even zero pad read by ``conv`` alone."""
+    args = _convolution_args(conv)
+    if args is None or not _read_once(pad := args[0], conv):
+        return False
+    padded = _even_zero_pad(pad, len(args[4]))
+    if padded is None:
+        return False
+    args[0], args[4] = padded[0], [p + a for p, a in zip(args[4], padded[1])]
+    conv.args, conv.kwargs = tuple(args), {}
+    _trace_again(conv)
+    graph.erase_node(pad)
+    return True
+
+
 def _read_once(value: Any, conv: Any) -> bool:
-    """Whether ``value`` is a node that ``conv`` alone reads, as its input only."""
-    users = getattr(value, "users", None)
+    """Whether the node ``value`` is read by ``conv`` alone, as its input only."""
     read = [arg for arg in (*conv.args, *conv.kwargs.values()) if arg is value]
-    return users is not None and list(users) == [conv] and len(read) == 1
+    return list(value.users) == [conv] and len(read) == 1
 
 
 def _convolution_args(node: Any) -> list[Any] | None:
@@ -104,9 +110,9 @@ def _convolution_args(node: Any) -> list[Any] | None:
     return [given[name] for name in names] if all(isinstance(p, int) for p in given["padding"]) else None
 
 
-def _even_zero_pad(pad: Any, dims: int) -> list[int] | None:
-    """What ``pad`` adds on each side of each of the last ``dims`` dims, where it is a constant zero
-    pad of those dims only, the same on both sides of each; None otherwise."""
+def _even_zero_pad(pad: Any, dims: int) -> tuple[Any, list[int]] | None:
+    """The input of ``pad`` and what it adds on each side of each of the last ``dims`` dims, where it is
+    a constant zero pad of those dims only, the same on both sides of each; None otherwise."""
     import torch
 
     aten = torch.ops.aten
@@ -121,7 +127,7 @@ def _even_zero_pad(pad: Any, dims: int) -> list[int] | None:
     before, after = sides[0::2][::-1], sides[1::2][::-1]  # pad lists the last dim first
     if not all(isinstance(n, int) and n >= 0 for n in sides) or before != after:
         return None
-    return before
+    return given["input"], before
 
 
 def _trace_again(node: Any) -> None:
