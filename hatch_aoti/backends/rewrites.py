@@ -132,7 +132,7 @@ def _even_zero_pad(pad: Any, dims: int) -> tuple[Any, list[int]] | None:
 
 def _trace_again(node: Any) -> None:
     """Give a rewritten node its own op's traced value and metadata: a mean's strides may differ
-    from the pool's it replaces."""
+    from the pool's it replaces, and a convolution that reads the pad's input may differ too."""
     import torch
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
@@ -165,6 +165,7 @@ def _whole_window(node: Any, dims: int) -> bool:
 
 
 def _per_dim(value: Any, dims: int) -> list[Any]:
-    """A pool's size argument, one per spatial dim (an int, or a list of one, applies to each)."""
+    """A pool's or a convolution's size argument, one per spatial dim (an int, or a list of one,
+    applies to each)."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     return values * dims if len(values) == 1 else values
