@@ -31,6 +31,7 @@ x = peers.example("mobilenetv2")
 """
 COMPILE = """
 import torch._inductor
+from hatch_aoti.backends.aoti import FAST_DEFAULTS
 from hatch_aoti.backends.rewrites import zero_pads_into_convolutions
 folded, path = sys.argv[1] == "folded", sys.argv[2]
 program = torch.export.export(model, (x,))
@@ -38,7 +39,7 @@ PADS = (torch.ops.aten.pad.default, torch.ops.aten.constant_pad_nd.default)
 pads = sum(n.target in PADS for n in program.graph.nodes)
 count = zero_pads_into_convolutions(program) if folded else 0
 with torch.no_grad():
-    configs = {"freezing": True, "cpp.weight_prepack": True, "cpp.dynamic_threads": True}
+    configs = {**FAST_DEFAULTS, "cpp.dynamic_threads": True}
     torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
 print(pads, count)
 """
