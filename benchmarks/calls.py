@@ -154,12 +154,14 @@ def cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any], list[Any]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--loader", type=Path, help="time this loader template instead of the one the build wrote")
+    parser.add_argument("--loader", type=Path, help="time this loader package (a hatch_aoti/loader folder) instead")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         site = build(Path(tmp))
         if options.loader:
-            shutil.copyfile(options.loader, site / "callbench" / "compiled.py")
+            shutil.rmtree(site / "callbench" / "compiled")
+            skip = shutil.ignore_patterns("__pycache__")
+            shutil.copytree(options.loader, site / "callbench" / "compiled", ignore=skip)
         sys.path.insert(0, str(site))
         import torch
         from callbench import compiled, models

@@ -2,7 +2,8 @@
 
 An editable install imports the package from its source tree, where hatch-aoti writes
 nothing. The compiled loader and its artifacts live in site-packages instead; this
-finder, imported by a ``.pth`` file at start-up, maps the loader's module name there.
+finder, imported by a ``.pth`` file at start-up, maps the loader package's name there (its
+modules are then found beside its ``__init__.py``).
 """
 
 import importlib.util
@@ -18,7 +19,9 @@ class HatchAotiEditableFinder:
     def find_spec(fullname, path=None, target=None):
         if fullname != _MODULE:
             return None
-        return importlib.util.spec_from_file_location(fullname, _FILE)
+        return importlib.util.spec_from_file_location(
+            fullname, _FILE, submodule_search_locations=[os.path.dirname(_FILE)]
+        )
 
 
 if not any(getattr(f, "_MODULE", None) == _MODULE for f in sys.meta_path):

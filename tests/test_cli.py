@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run
+from conftest import REPO, run
 
 from hatch_aoti.cli import calls, main
 from hatch_aoti.store import cache
@@ -101,27 +101,29 @@ def test_cases_are_the_builds() -> None:
     assert ids[0].shape == (8, 7) and 0 <= int(ids[0].min()) and int(ids[0].max()) < 5, "the recorded value range"
 
 
-def test_the_cli_asks_the_loader_what_stops_a_model() -> None:
-    """One owner: the generated loader says whether a model can run here; the CLI adds only the
-    wheel's torch requirement against this environment."""
+def test_the_cli_asks_the_loader_what_stops_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One owner: the loader says whether a model can run here, asked of hatch-aoti's own copy of it
+    with the target's manifest (none of the target's code runs); the CLI adds only the wheel's torch
+    requirement against this environment."""
     import types
 
     from hatch_aoti.cli import machine
+    from hatch_aoti.loader import host
 
-    def target(loader: object, requires: list[str]) -> object:
-        return types.SimpleNamespace(loader=lambda: loader, dist=types.SimpleNamespace(requires=requires))
+    def target(requires: list[str]) -> object:
+        return types.SimpleNamespace(model=lambda name: {"name": name}, dist=types.SimpleNamespace(requires=requires))
 
-    asked = types.SimpleNamespace(_problems=lambda name: [f"{name}: the loader says no"])
-    assert machine.problems(target(asked, []), "m") == ["m: the loader says no"]  # type: ignore[arg-type]
-    found = machine.problems(target(asked, ["torch==0.1"]), "m")  # type: ignore[arg-type]
+    monkeypatch.setattr(host, "problems", lambda entry: [f"{entry['name']}: the loader says no"])
+    assert machine.problems(target([]), "m") == ["m: the loader says no"]  # type: ignore[arg-type]
+    found = machine.problems(target(["torch==0.1"]), "m")  # type: ignore[arg-type]
     assert found[0].startswith("the wheel requires torch==0.1; this environment has torch") and len(found) == 2
 
-    def broken() -> object:
-        raise SyntaxError("invalid syntax (compiled.py, line 1)")
+    def broken(entry: object) -> list[str]:
+        raise KeyError("cpu")
 
-    damaged = types.SimpleNamespace(loader=broken, dist=types.SimpleNamespace(requires=[]))
-    assert machine.problems(damaged, "m") == [  # type: ignore[arg-type]
-        "the loader cannot be imported or asked: SyntaxError: invalid syntax (compiled.py, line 1)"
+    monkeypatch.setattr(host, "problems", broken)
+    assert machine.problems(target([]), "m") == [  # type: ignore[arg-type]
+        "the loader cannot be asked: KeyError: 'cpu'"
     ], "a message, not a traceback"
 
 
@@ -259,7 +261,8 @@ def test_inspect_a_wheel(sample_dists: tuple[Path, Path], capsys: pytest.Capture
     assert classifier["verification"]["passed"] and len(classifier["verification"]["tried"]) == 4
     (library,) = mlp["files"]
     assert library["path"].endswith(".so") and len(library["recorded_sha256"]) == 64 and library["size"] > 100_000
-    assert {f["path"] for f in data["files"]} == {"compiled.py", "_aoti/manifest.json"}
+    loader = {f"compiled/{p.name}" for p in (REPO / "hatch_aoti" / "loader").glob("*.py")}
+    assert {f["path"] for f in data["files"]} == {*loader, "_aoti/manifest.json"}
 
 
 @pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Runtime, build_no_isolation, run, write_project
+from conftest import Runtime, build_no_isolation, run, write_project
 
 MODELS = """
     import torch
@@ -351,33 +351,33 @@ def fake_model(
     engine = types.SimpleNamespace(
         name="fake",
         device="cpu",
-        _file="",
-        _runner=None,
-        _weights=None,
-        _run=run,
-        _pytree=pytree,
-        _tensor=torch.Tensor,
-        _strided=torch.strided,
-        _in_spec=in_spec,
-        _out_spec=out_spec,
-        _n_args=len(inputs),
-        _kwarg_names=(),
-        _constants=[],
-        _tensor_index=list(range(len(in_leaves))),
-        _complex=False,
-        _leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
-        _outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
-        _views=views or [],
-        _aminmax=torch.aminmax,
-        _signature=signature or [],
+        file="",
+        runner=None,
+        weights=None,
+        run=run,
+        pytree=pytree,
+        tensor=torch.Tensor,
+        strided=torch.strided,
+        in_spec=in_spec,
+        out_spec=out_spec,
+        n_args=len(inputs),
+        kwarg_names=(),
+        constants=[],
+        tensor_index=list(range(len(in_leaves))),
+        complex=False,
+        leaves=[{"dtype": "float32", "device": "cpu", "shape": list(t.shape), **leaf} for t in in_leaves],
+        outputs=[{"kind": "int"} if isinstance(v, int) else {"kind": "tensor"} for v in out_leaves],
+        views=views or [],
+        aminmax=torch.aminmax,
+        signature=signature or [],
     )
-    engine._checks = [loader._tensor_check(torch, leaf) for leaf in engine._leaves]
-    engine._index_rows = [(i, leaf["index_rows"]) for i, leaf in enumerate(engine._leaves) if "index_rows" in leaf]
-    engine._mutated = [i for i, leaf in enumerate(engine._leaves) if leaf.get("mutated")]
-    engine._unsafe = loader._unsafe_writes(torch, engine._mutated) if engine._mutated else None
-    for method in ("_flatten", "_reject", "_check_indices", "_check_writes"):
-        setattr(engine, method, types.MethodType(getattr(loader._CompiledModel, method), engine))
-    return loader._callable(engine)
+    engine.checks = [loader.inputs.tensor_check(torch, leaf) for leaf in engine.leaves]
+    engine.index_rows = [(i, leaf["index_rows"]) for i, leaf in enumerate(engine.leaves) if "index_rows" in leaf]
+    engine.mutated = [i for i, leaf in enumerate(engine.leaves) if leaf.get("mutated")]
+    engine.unsafe = loader.inputs.unsafe_writes(torch, engine.mutated) if engine.mutated else None
+    for method in ("flatten", "reject", "check_indices", "check_writes"):
+        setattr(engine, method, types.MethodType(getattr(loader.engine.Model, method), engine))
+    return loader.calls.aoti_call(engine)
 
 
 def test_generated_calls_take_any_container_of_tensors(tmp_path: Path) -> None:
@@ -686,59 +686,55 @@ def test_a_guard_narrower_than_the_region_splits_it() -> None:
 
 
 def loader_module(tmp_path: Path) -> Any:
-    """The loader template over an empty manifest, imported here (its functions need no model)."""
-    import importlib.util
+    """The loader package that every wheel gets (its functions need no model): hatch-aoti's own copy,
+    with the modules these tests reach into."""
+    import importlib
 
-    (tmp_path / "_aoti").mkdir()
-    (tmp_path / "_aoti" / "manifest.json").write_text(json.dumps({"models": {}}), encoding="utf-8")
-    shutil.copyfile(REPO / "templates" / "compiled.py", tmp_path / "compiled.py")
-    spec = importlib.util.spec_from_file_location("_fidelity_loader", tmp_path / "compiled.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    for module in ("calls", "engine", "host", "inputs", "runtime"):
+        importlib.import_module(f"hatch_aoti.loader.{module}")
+    return importlib.import_module("hatch_aoti.loader")
 
 
 def test_the_cpus_own_report_wins_over_proc_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loader = loader_module(tmp_path)
-    monkeypatch.setattr(loader, "_host_flags", lambda: None)  # no /proc/cpuinfo: the check cannot use this host's
+    monkeypatch.setattr(loader.host, "host_flags", lambda: None)  # no /proc/cpuinfo: the check cannot use this host's
     cpu = {"arch": "x86_64", "target": "native", "features": ["avx2", "avx512f", "avx512_bf16"]}
     proc = {"avx2", "avx512f", "avx512_bf16"}
-    assert loader._cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": True, "avx512_bf16": True}) is None
+    assert loader.host.cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": True, "avx512_bf16": True}) is None
     # an emulator's /proc shows the host's; CPUID says what this CPU has
-    found = loader._cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": False, "avx512_bf16": True})
+    found = loader.host.cpu_problem(cpu, "x86_64", proc, {"avx2": True, "avx512_f": False, "avx512_bf16": True})
     assert "this CPU lacks avx512f." in found
     # CPUID says nothing of a feature: /proc decides
-    found = loader._cpu_problem(cpu, "x86_64", proc - {"avx512_bf16"}, {"avx2": True, "avx512_f": True})
+    found = loader.host.cpu_problem(cpu, "x86_64", proc - {"avx512_bf16"}, {"avx2": True, "avx512_f": True})
     assert "this CPU lacks avx512_bf16." in found
-    assert loader._cpu_problem(cpu, "x86_64", None, {}) is None  # nothing to ask: not refused
+    assert loader.host.cpu_problem(cpu, "x86_64", None, {}) is None  # nothing to ask: not refused
 
 
 def test_the_loader_names_everything_that_stops_a_model_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_problems``: what ``load()`` refuses with and ``hatch-aoti`` reports, found without loading."""
+    """``host.problems``: what ``load()`` refuses with and ``hatch-aoti`` reports, found without loading."""
     import platform
 
     import torch
 
     loader = loader_module(tmp_path)
     here = {"arch": os.uname().machine, "target": "x86-64-v3", "features": []}
-    monkeypatch.setattr(loader, "_MODELS", {
+    models = {
         "fine": {"cpu": here, "device": "cpu"},
         "elsewhere": {"cpu": {**here, "arch": "riscv64"}, "device": "cpu"},
         "gpu": {"cpu": here, "device": "cuda:0"},
         "old": {"cpu": here, "device": "cpu", "backend": "precompile", "python": "3.0.0", "torch": "1.0.0"},
         "same": {"cpu": here, "device": "cpu", "backend": "precompile", "python": platform.python_version(),
                  "torch": torch.__version__},
-    })  # fmt: skip
-    assert loader._problems("fine", torch) == [] and loader._problems("same", torch) == []
-    (arch,) = loader._problems("elsewhere")
+    }  # fmt: skip
+    assert loader.host.problems(models["fine"], torch) == [] and loader.host.problems(models["same"], torch) == []
+    (arch,) = loader.host.problems(models["elsewhere"])
     assert arch.startswith("was built for riscv64 CPUs")
     if not torch.cuda.is_available():
-        assert loader._problems("gpu", torch)[0].endswith("sees no CUDA device")
-    (old,) = loader._problems("old", torch)
+        assert loader.host.problems(models["gpu"], torch)[0].endswith("sees no CUDA device")
+    (old,) = loader.host.problems(models["old"], torch)
     assert old.startswith("was precompiled with Python 3.0.0 and torch 1.0.0, and loads only there")
     monkeypatch.setenv("HATCH_AOTI_PACK", "fast")
-    (pack,) = loader._problems("fine", torch)
+    (pack,) = loader.host.problems(models["fine"], torch)
     assert pack == "cannot load here: HATCH_AOTI_PACK='fast': expected one of convolutions, all, none"
 
 
@@ -911,7 +907,7 @@ def test_calls_waiting_for_an_instance_take_turns(tmp_path: Path, limit: int) ->
             return inputs
 
     made: list[Instance] = []
-    pool = loader._Pool(lambda: made.append(Instance()) or made[-1], limit)
+    pool = loader.runtime.Pool(lambda: made.append(Instance()) or made[-1], limit)
 
     def caller(index: int) -> None:
         for i in range(2000):

@@ -131,3 +131,52 @@ def test_hatch_aotis_own_wheel_holds_every_module_and_template(wheelhouse: Path)
     wanted = {p.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("*.py")}
     wanted |= {f"hatch_aoti/templates/{p.name}" for p in (PACKAGE.parent / "templates").glob("*.py")}
     assert wanted <= names, sorted(wanted - names)
+
+
+LOADER = PACKAGE / "loader"
+
+
+def loader_imports(module: Path, *, top_level_only: bool = False) -> tuple[set[str], set[str]]:
+    """The loader module's imports: (absolute top-level names, sibling modules imported relatively)."""
+    tree = ast.parse(module.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    absolute: set[str] = set()
+    siblings: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            absolute |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            siblings |= {node.module} if node.module else {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            absolute.add(node.module.split(".")[0])
+    return absolute, siblings & {p.stem for p in LOADER.glob("*.py")}
+
+
+def test_the_loader_needs_only_torch_and_the_standard_library() -> None:
+    """The loader ships in every wheel, where hatch-aoti is not installed: its modules import torch, the
+    standard library and each other (relatively, so that they work under any package name)."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    found = {m.name: sorted(loader_imports(m)[0] - allowed) for m in LOADER.glob("*.py")}
+    assert {name: bad for name, bad in found.items() if bad} == {}
+
+
+def test_the_loader_imports_a_feature_only_where_a_model_uses_it() -> None:
+    """Importing the loader and loading an AOTInductor model with shipped weights reaches neither the
+    fetch code, nor precompile's run time, nor torch's fallback runner; and the modules form no circle."""
+    graph = {m.stem: loader_imports(m, top_level_only=True)[1] for m in LOADER.glob("*.py")}
+    reached, todo = set(), ["__init__", "engine", "calls"]  # load() imports engine and calls
+    while todo:
+        current = todo.pop()
+        if current not in reached:
+            reached.add(current)
+            todo += graph[current]
+    assert reached.isdisjoint({"external", "precompile", "pt2"}), sorted(reached)
+    everything = {m.stem: loader_imports(m)[1] for m in LOADER.glob("*.py")}
+    for start in everything:
+        seen, todo = set(), list(everything[start])
+        while todo:
+            current = todo.pop()
+            assert current != start, f"the loader's {start} imports itself back"
+            if current not in seen:
+                seen.add(current)
+                todo += everything[current]

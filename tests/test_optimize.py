@@ -335,7 +335,8 @@ def test_packed_weights_ship_dense_and_are_packed_for_the_cpu_that_loads_them(
         from hostpkg import compiled
         model = compiled.load("portable")
         torch.save(model(torch.load({paths["x"]!r})), {str(tmp_path / "all.pt")!r})
-        chosen = compiled._packing("portable")
+        from hostpkg.compiled import packing
+        chosen = packing.chosen(compiled.info("portable"))
         print(json.dumps(sorted(how["op"] for c, how in chosen.items() if model.weights[c].is_mkldnn)))
         """
     )

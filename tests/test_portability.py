@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,28 +123,33 @@ def test_cpu_target_resolution_order() -> None:
 
 @pytest.fixture
 def loader(tmp_path: Path):
-    """The loader template, installed beside a manifest with no models."""
+    """The loader package as a build writes it, beside a manifest with no models."""
+    from hatch_aoti.pipeline.artifacts import import_package, write_loader
+
     (tmp_path / "_aoti").mkdir()
-    (tmp_path / "_aoti" / "manifest.json").write_text(json.dumps({"models": {}, "torch": "x", "hatch_aoti": "y"}))
-    shutil.copy(REPO / "templates" / "compiled.py", tmp_path / "compiled.py")
-    spec = importlib.util.spec_from_file_location("loader_under_test", tmp_path / "compiled.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    manifest = {"format": 2, "models": {}, "torch": "x", "hatch_aoti": "y"}
+    (tmp_path / "_aoti" / "manifest.json").write_text(json.dumps(manifest))
+    write_loader(tmp_path, "compiled")
+    module = import_package("loader_under_test", tmp_path / "compiled")
+    for name in ("host", "packing"):
+        importlib.import_module(f"loader_under_test.{name}")
+    yield module
+    for name in [n for n in sys.modules if n == "loader_under_test" or n.startswith("loader_under_test.")]:
+        del sys.modules[name]
 
 
 def test_isa_check_names_model_target_and_missing_features(loader) -> None:
     cpu = {"target": "x86-64-v4", "arch": "x86_64", "features": list(X86_64_V4)}
     avx2_host = set(X86_64_V3) | {"ht", "sse2"}
-    message = loader._cpu_problem(cpu, machine="x86_64", flags=avx2_host)
+    message = loader.host.cpu_problem(cpu, machine="x86_64", flags=avx2_host)
     assert message.startswith("needs a CPU with x86-64-v4 instructions")
     assert "avx512bw, avx512cd, avx512dq, avx512f, avx512vl" in message
-    assert loader._cpu_problem(cpu, machine="x86_64", flags=set(X86_64_V4)) is None  # enough
+    assert loader.host.cpu_problem(cpu, machine="x86_64", flags=set(X86_64_V4)) is None  # enough
 
 
 def test_isa_check_refuses_another_architecture(loader) -> None:
     cpu = {"target": "x86-64-v3", "arch": "x86_64", "features": list(X86_64_V3)}
-    problem = loader._cpu_problem(cpu, machine="aarch64", flags={"asimd"})
+    problem = loader.host.cpu_problem(cpu, machine="aarch64", flags={"asimd"})
     assert problem.startswith("was built for x86_64 CPUs") and problem.endswith("this machine is aarch64")
 
 
@@ -154,9 +160,9 @@ def test_weights_the_loader_cannot_pack_run_dense_with_a_warning(loader) -> None
         return {"w": torch.ones(8, 3, 3, 3)}, None
 
     good = {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}}
-    assert loader._packed(torch, "m", good, dense)["w"].is_mkldnn
+    assert loader.packing.packed(torch, "m", good, dense)["w"].is_mkldnn
     with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its weights for this CPU"):
-        assert loader._packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense) == {}
+        assert loader.packing.packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense) == {}
 
 
 def test_hatch_aoti_pack_chooses_which_recorded_weights_are_packed_at_load(
@@ -164,24 +170,42 @@ def test_hatch_aoti_pack_chooses_which_recorded_weights_are_packed_at_load(
 ) -> None:
     conv = {"op": "mkldnn::_reorder_convolution_weight", "args": []}
     linear = {"op": "mkldnn::_reorder_linear_weight", "args": [128]}
-    monkeypatch.setitem(loader._MODELS, "m", {"packing": {"c": conv, "l": linear}})
-    monkeypatch.setitem(loader._MODELS, "plain", {})
+    m, plain = {"packing": {"c": conv, "l": linear}}, {}
     chosen = {}
     for choice in ("", " ", "convolutions", "all", "none"):
         monkeypatch.setenv("HATCH_AOTI_PACK", choice)
-        chosen[choice] = loader._packing("m")
-        assert loader._packing("plain") == {}
+        chosen[choice] = loader.packing.chosen(m)
+        assert loader.packing.chosen(plain) == {}
     assert chosen[""] == chosen[" "] == chosen["convolutions"] == {"c": conv}, "convolutions by default"
     assert chosen["all"] == {"c": conv, "l": linear} and chosen["none"] == {}
     monkeypatch.setenv("HATCH_AOTI_PACK", "linear")
     with pytest.raises(ValueError, match="HATCH_AOTI_PACK='linear': expected one of convolutions, all, none"):
-        loader._packing("m")
+        loader.packing.chosen(m)
 
 
 def test_loader_keyerror_lists_known_names(loader) -> None:
     with pytest.raises(KeyError, match="known models: none"):
         loader.load("missing")
     assert loader.names() == ()
+
+
+def test_the_loader_says_which_hatch_aoti_wrote_it(loader, tmp_path: Path) -> None:
+    from hatch_aoti import __version__
+
+    for module in (tmp_path / "compiled").glob("*.py"):
+        assert module.read_text().startswith(f"# Written by hatch-aoti {__version__} "), module.name
+
+
+def test_a_manifest_of_another_format_is_refused_with_what_to_do(loader, tmp_path: Path) -> None:
+    """Its fields may mean something else: nothing of it is read."""
+    path = tmp_path / "_aoti" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 3, "hatch_aoti": "9.0"}))
+    newer = r"format 3 \(written by hatch-aoti 9.0\); this loader reads format 2: a newer hatch-aoti wrote it"
+    with pytest.raises(RuntimeError, match=newer):
+        loader.names()
+    path.write_text(json.dumps({"models": {}}))
+    with pytest.raises(RuntimeError, match="manifest format None; this loader reads format 2: reinstall the package"):
+        loader.load("m")
 
 
 def test_wheel_defaults_then_target_then_user_configs() -> None:
@@ -232,10 +256,11 @@ def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pyt
     assert before.split()[0] == __version__ and len(before.split()[1]) == 64
     templates = tmp_path / "templates"
     shutil.copytree(REPO / "templates", templates)
-    monkeypatch.setattr("hatch_aoti.pipeline.artifacts.template_path", lambda name="compiled.py": templates / name)
+    monkeypatch.setattr("hatch_aoti.pipeline.artifacts.template_path", lambda name: templates / name)
     fingerprint.own_identity.cache_clear()
-    (templates / "compiled.py").write_text((templates / "compiled.py").read_text() + "\n# changed\n")
+    finder = templates / "editable_finder.py"
+    finder.write_text(finder.read_text() + "\n# changed\n")
     try:
-        assert fingerprint.own_identity() != before, "a changed loader template must change every key"
+        assert fingerprint.own_identity() != before, "a changed template must change every key"
     finally:
         fingerprint.own_identity.cache_clear()

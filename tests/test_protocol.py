@@ -251,11 +251,12 @@ def test_every_message_round_trips_through_the_one_codec(tmp_path: Path) -> None
 
 
 def test_the_manifest_is_checked_when_written_and_read(tmp_path: Path) -> None:
+    from hatch_aoti.loader.schema import Manifest
     from hatch_aoti.pipeline import manifest
 
     cpu = {"arch": "x86_64", "target": "x86-64-v3", "features": []}
     entry = {"call": [{"dtype": "float32", "device": "cpu", "shape": [2]}], "cpu": cpu, "device": "cpu", "file": "m.so"}
-    good: manifest.Manifest = {
+    good: Manifest = {
         "format": 2,
         "hatch_aoti": "0.2.0",
         "torch": "2.13.0",

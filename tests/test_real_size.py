@@ -173,7 +173,8 @@ def test_bert_base_installed_matches_eager_and_round_trips_through_torch(
         from bertpkg import compiled
         model = compiled.load("bert")
         torch.save(model(torch.load({str(tmp_path / "ids.pt")!r})), {str(tmp_path / "all.pt")!r})
-        print(json.dumps(sum(model.weights[c].is_mkldnn for c in compiled._packing("bert"))))
+        from bertpkg.compiled import packing
+        print(json.dumps(sum(model.weights[c].is_mkldnn for c in packing.chosen(compiled.info("bert")))))
         """
     )
     assert packed == 72, "each one packed"

@@ -1,6 +1,6 @@
 """torch's precompile (``torch.compile(..., fullgraph=True).aot_compile``): Dynamo's guards and Python semantics kept.
 
-What it compiles is the generated loader's ``_call(module, *args, **kwargs)``, so the saved
+What it compiles is the generated loader's ``precompile.call(module, *args, **kwargs)``, so the saved
 artifact refers to a function that exists wherever the wheel is installed; the module is
 built when the model is loaded, by its factory, from the wheel's own code and weights.
 The artifact holds Python bytecode and C++ kernel sources: it loads only under the exact
@@ -67,7 +67,7 @@ class PrecompileBackend(Backend):
         from hatch_aoti.pipeline.artifacts import sha256
 
         before_compile()
-        call = importlib.import_module(request.loader)._call
+        call = importlib.import_module(f"{request.loader}.precompile").call
         inductor = request.work / "inductor"
         request.out.mkdir(parents=True, exist_ok=True)
         regions: list[dict[str, Any]] = []

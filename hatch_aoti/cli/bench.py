@@ -20,6 +20,7 @@ from typing import Any
 from hatch_aoti.cli import calls, models
 from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
+from hatch_aoti.loader.schema import Entry
 
 
 def run(
@@ -86,7 +87,7 @@ def bench_model(
 
 
 def per_call(
-    entry: dict[str, Any], case: calls.Case, spec: str, compiled: Any, module: Any, timing: tuple[int, int, float]
+    entry: Entry, case: calls.Case, spec: str, compiled: Any, module: Any, timing: tuple[int, int, float]
 ) -> dict[str, Any]:
     """Compiled (and eager) timings at one case; ``error`` instead if a call fails."""
     import torch
@@ -127,11 +128,12 @@ def side_by_side(fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, m
     }
 
 
-#: The fresh process of a cold start: the loader by its path, zeros of the example's shapes, one call.
+#: The fresh process of a cold start: the loader package by its path, zeros of the example's shapes, one call.
 _CHILD = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 name, path, model, leaves, structure = json.loads(sys.argv[1])
-spec = importlib.util.spec_from_file_location(name, path)
+init = os.path.join(path, "__init__.py")
+spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[path])
 loader = importlib.util.module_from_spec(spec)
 sys.modules[name] = loader
 spec.loader.exec_module(loader)
@@ -151,7 +153,7 @@ def cold_start(target: Target, name: str, spec: str, package_code: bool, rounds:
     job = json.dumps(
         [
             f"{target.package}.{target.loader_name}",
-            str(target.package_dir / f"{target.loader_name}.py"),
+            str(target.package_dir / target.loader_name),
             name,
             calls.leaves_at(entry, calls.example_sizes(entry)),
             spec,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hatch_aoti.loader.schema import Dim, Entry, Leaf
+
 
 @dataclass(frozen=True)
 class Case:
@@ -20,7 +22,7 @@ class Case:
     """The seed of the build's own inputs for this case; ``None``: generated here (seed 0)."""
 
 
-def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
+def dims(entry: Entry) -> dict[str, tuple[int, int | None]]:
     """Each root dynamic dim's (min, max); max ``None`` when unbounded. A derived dim (``samples =
     320*frames``) follows its root, so its root is the one tried and set."""
     found: dict[str, tuple[int, int | None]] = {}
@@ -33,7 +35,7 @@ def dims(entry: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
     return found
 
 
-def _sizes_of(entry: dict[str, Any], shapes: list[list[int]]) -> dict[str, int] | None:
+def _sizes_of(entry: Entry, shapes: list[list[int]]) -> dict[str, int] | None:
     """The root dims' sizes of one tried case, from its tensors' shapes; ``None`` where they do not fit."""
     tensors = [leaf for leaf in entry["call"] if "const" not in leaf]
     if len(shapes) != len(tensors) or any(len(s) != len(leaf["shape"]) for s, leaf in zip(shapes, tensors)):
@@ -46,7 +48,7 @@ def _sizes_of(entry: dict[str, Any], shapes: list[list[int]]) -> dict[str, int] 
     }
 
 
-def _tried(entry: dict[str, Any]) -> list[Case]:
+def _tried(entry: Entry) -> list[Case]:
     found, roots = [], set(dims(entry))
     for tried in entry.get("verification", {}).get("tried", []):
         sizes = _sizes_of(entry, tried.get("shapes", []))
@@ -55,7 +57,7 @@ def _tried(entry: dict[str, Any]) -> list[Case]:
     return found
 
 
-def example_sizes(entry: dict[str, Any], tried: list[Case] | None = None) -> dict[str, int]:
+def example_sizes(entry: Entry, tried: list[Case] | None = None) -> dict[str, int]:
     """The sizes the build verified as its first input set, where the report has them; else mid-range."""
     tried = _tried(entry) if tried is None else tried
     if tried:
@@ -63,7 +65,7 @@ def example_sizes(entry: dict[str, Any], tried: list[Case] | None = None) -> dic
     return {name: lo if hi is None else (lo + hi) // 2 for name, (lo, hi) in dims(entry).items()}
 
 
-def cases(entry: dict[str, Any], overrides: dict[str, int] | None = None) -> list[Case]:
+def cases(entry: Entry, overrides: dict[str, int] | None = None) -> list[Case]:
     """The build's cases; without a verification report, the example and each dynamic dim at its
     min and max (the others at their example sizes). With ``overrides``, one case at those sizes."""
     tried = _tried(entry)
@@ -80,7 +82,7 @@ def cases(entry: dict[str, Any], overrides: dict[str, int] | None = None) -> lis
     return found
 
 
-def parse_shape(texts: list[str], entry: dict[str, Any]) -> dict[str, int]:
+def parse_shape(texts: list[str], entry: Entry) -> dict[str, int]:
     """``--shape batch=8`` options as sizes; a ValueError names the unknown dim or the range."""
     known, sizes = dims(entry), {}
     for text in texts:
@@ -94,7 +96,7 @@ def parse_shape(texts: list[str], entry: dict[str, Any]) -> dict[str, int]:
     return sizes
 
 
-def in_spec(entry: dict[str, Any], model: Any) -> str:
+def in_spec(entry: Entry, model: Any) -> str:
     """The serialised structure of the model's inputs: the manifest's, or else its AOTInductor runner's."""
     if "call_spec" in entry:
         return entry["call_spec"][0]
@@ -102,7 +104,7 @@ def in_spec(entry: dict[str, Any], model: Any) -> str:
 
 
 def make_inputs(
-    entry: dict[str, Any], sizes: dict[str, int], spec: str, seed: int | None = None
+    entry: Entry, sizes: dict[str, int], spec: str, seed: int | None = None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) with the structure ``spec`` (see :func:`in_spec`), at ``sizes``: the build's own
     inputs where ``seed`` is the case's."""
@@ -121,20 +123,23 @@ def make_inputs(
     return tuple(args), dict(kwargs)
 
 
-def leaves_at(entry: dict[str, Any], sizes: dict[str, int]) -> list[dict[str, Any]]:
+def leaves_at(entry: Entry, sizes: dict[str, int]) -> list[Leaf]:
     """The manifest's input leaves with their dims' sizes filled in."""
-    return [leaf if "const" in leaf else {**leaf, "shape": _shape(leaf, sizes)} for leaf in entry["call"]]
+    filled: list[Leaf] = []
+    for leaf in entry["call"]:
+        filled.append(leaf if "const" in leaf else {**leaf, "shape": list[int | Dim](_shape(leaf, sizes))})
+    return filled
 
 
-def _shape(leaf: dict[str, Any], sizes: dict[str, int]) -> list[int]:
+def _shape(leaf: Leaf, sizes: dict[str, int]) -> list[int]:
     return [d if isinstance(d, int) else _size(d, sizes) for d in leaf["shape"]]
 
 
-def _size(dim: dict[str, Any], sizes: dict[str, int]) -> int:
+def _size(dim: Dim, sizes: dict[str, int]) -> int:
     return dim.get("mult", 1) * sizes[dim.get("root", dim["name"])] + dim.get("offset", 0)
 
 
-def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
+def describe(entry: Entry, sizes: dict[str, int] | None = None) -> str:
     """``float32[batch, 128], int64[2, 7]``: the tensor inputs, at ``sizes`` or with their dims' names."""
     parts = []
     for leaf in entry["call"]:
@@ -146,7 +151,7 @@ def describe(entry: dict[str, Any], sizes: dict[str, int] | None = None) -> str:
     return ", ".join(parts)
 
 
-def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict[str, Any]:
+def run_case(entry: Entry, model: Any, module: Any, case: Case) -> dict[str, Any]:
     """One case: the compiled model on inputs made for it, and, given the eager module, both compared
     (outputs, and the inputs after the call: each runs on its own copy)."""
     import torch
@@ -181,7 +186,7 @@ def run_case(entry: dict[str, Any], model: Any, module: Any, case: Case) -> dict
     return result
 
 
-def run_cases(entry: dict[str, Any], model: Any, module: Any) -> tuple[list[dict[str, Any]], str]:
+def run_cases(entry: Entry, model: Any, module: Any) -> tuple[list[dict[str, Any]], str]:
     """Every case of :func:`cases`, run by :func:`run_case`; and the first failure, as ``case: error``
     (``""`` when none failed)."""
     tried = [run_case(entry, model, module, case) for case in cases(entry)]

@@ -9,6 +9,7 @@ from hatch_aoti.cli import calls, machine
 from hatch_aoti.cli.integrity import recorded_files
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import Target
+from hatch_aoti.loader.schema import Entry
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
 
@@ -32,9 +33,9 @@ def collect(target: Target) -> dict[str, Any]:
 
 
 def package_files(target: Target) -> list[dict[str, Any]]:
-    """The loader, the manifest and any backend run-time modules, with RECORD's digests where it has them."""
+    """The loader's modules, the manifest and any backend run-time modules, with RECORD's digests where it has them."""
     paths = [
-        target.package_dir / f"{target.loader_name}.py",
+        *sorted((target.package_dir / target.loader_name).glob("*.py")),
         *sorted((target.package_dir / ARTIFACT_DIR).glob("*.*")),
         *sorted((target.package_dir / ARTIFACT_DIR / "runtime").glob("*.py")),
     ]
@@ -50,7 +51,7 @@ def package_files(target: Target) -> list[dict[str, Any]]:
     ]
 
 
-def model(target: Target, name: str, entry: dict[str, Any]) -> dict[str, Any]:
+def model(target: Target, name: str, entry: Entry) -> dict[str, Any]:
     configs = entry.get("inductor_configs", {})
     external = "external" in entry.get("weights", {})
     directory = target.package_dir / ARTIFACT_DIR / name

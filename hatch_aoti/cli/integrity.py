@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hatch_aoti.cli.target import Target
+from hatch_aoti.loader.schema import Entry
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, sha256
 
 
-def recorded_files(entry: dict[str, Any]) -> dict[str, str]:
+def recorded_files(entry: Entry) -> dict[str, str]:
     """A model's files and their sha256 (manifests before per-file digests name the library and weights)."""
     if "files" in entry:
         return dict(entry["files"])

@@ -1,5 +1,6 @@
 """Whether this machine can run a target's models, told without importing the package (nor torch,
-but for CUDA models): the wheel's torch requirement here, the rest by the loader's own checks."""
+but for CUDA models): the wheel's torch requirement here, the rest by the loader's own checks, asked
+of hatch-aoti's copy of the loader with the target's manifest, so that none of the target's code runs."""
 
 from __future__ import annotations
 
@@ -38,37 +39,38 @@ def torch_problem(target: Target) -> str | None:
 
 def problems(target: Target, name: str) -> list[str]:
     """Everything that stops the model from running here, before it is loaded: this environment's torch
-    against the wheel's requirement, then what the generated loader itself checks (the CPU, the device,
-    a precompiled model's Python and torch), asked of the target's own loader (which imports only
-    torch, and that for CUDA models alone)."""
+    against the wheel's requirement, then what the loader itself checks (the CPU, the device, a
+    precompiled model's Python and torch), which imports only torch, and that for CUDA models alone."""
+    from hatch_aoti.loader import host
+
     torch_issue = torch_problem(target)
     found = [torch_issue] if torch_issue else []
     try:
-        found += target.loader()._problems(name)
+        found += host.problems(target.model(name))
     except ImportError as exc:
         if not torch_issue:  # no torch to ask about the GPU: the torch problem says so already
             found.append(f"the loader cannot tell: {type(exc).__name__}: {exc}")
     except Exception as exc:
-        found.append(f"the loader cannot be imported or asked: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        found.append(f"the loader cannot be asked: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     return found
 
 
 def packed_at_load(target: Target, name: str) -> int | None:
     """How many of the model's weights its loader packs for this CPU as it loads (``HATCH_AOTI_PACK``
     chooses), as the loader says; None where it cannot tell."""
+    from hatch_aoti.loader import packing
+
     try:
-        choose = getattr(target.loader(), "_packing", None)
-        if choose is None:  # a loader from before the choice: it packs every weight the build recorded
-            return len(target.models[name].get("packing", {}))
-        return len(choose(name))
+        return len(packing.chosen(target.model(name)))
     except Exception:
         return None
 
 
 def weights_source(target: Target, name: str) -> dict[str, Any] | None:
     """Where an external model's weights come from and whether they are cached here, as its loader says."""
+    from hatch_aoti.loader import external
+
     try:
-        state = getattr(target.loader(), "_weights_state", None)
-        return state(name) if state is not None else None
+        return external.state(name, target.model(name))
     except Exception as exc:
         return {"problem": f"the loader cannot tell: {type(exc).__name__}: {str(exc).splitlines()[0]}"}

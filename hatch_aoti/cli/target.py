@@ -4,7 +4,7 @@ Each becomes a :class:`Target`: the package directory holding the loader and ``_
 (a wheel is extracted to a temporary directory first: whole for commands that load
 models, its small files only for ``inspect``), its manifest, and what the distribution
 says of itself (tag, ``Requires-Dist``, ``RECORD``). Nothing of the package is imported
-here; :meth:`Target.loader` loads the generated loader by path.
+here; :meth:`Target.loader` loads the generated loader by path, for the commands that load models.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, MANIFEST, import_file
+from hatch_aoti.loader.schema import ARTIFACT_DIR, MANIFEST, Entry, Manifest
+from hatch_aoti.pipeline.artifacts import import_package
 from hatch_aoti.pipeline.manifest import read as read_manifest
 
 
@@ -58,8 +58,8 @@ class Target:
     package: str
     loader_name: str
     package_dir: Path
-    """Where ``<loader>.py`` and ``_aoti/`` are."""
-    manifest: dict[str, Any]
+    """Where the loader package ``<loader>/`` and ``_aoti/`` are."""
+    manifest: Manifest
     dist: Dist
     import_root: Path | None = None
     """Put on ``sys.path`` to import the package's own code (a wheel's extracted files)."""
@@ -73,21 +73,21 @@ class Target:
             return self.sizes.get(path)
 
     @property
-    def models(self) -> dict[str, dict[str, Any]]:
+    def models(self) -> dict[str, Entry]:
         return self.manifest["models"]
 
-    def model(self, name: str) -> dict[str, Any]:
+    def model(self, name: str) -> Entry:
         if name not in self.models:
             raise CliError(f"no model {name!r} in {self.where}; its models: {', '.join(self.models) or 'none'}")
         return self.models[name]
 
     def loader(self) -> ModuleType:
         """The generated loader, loaded by path under its installed name (the package is not imported)."""
-        name, path = f"{self.package}.{self.loader_name}", self.package_dir / f"{self.loader_name}.py"
-        if getattr(sys.modules.get(name), "__file__", None) == str(path):
+        name, path = f"{self.package}.{self.loader_name}", self.package_dir / self.loader_name
+        if getattr(sys.modules.get(name), "__file__", None) == str(path / "__init__.py"):
             return sys.modules[name]
         try:
-            return import_file(name, path, register=True)
+            return import_package(name, path)
         except ImportError as exc:
             raise CliError(str(exc)) from None
 
@@ -269,7 +269,7 @@ def _target(
 ) -> Target:
     """``package`` defaults to the manifest's."""
     try:
-        manifest: dict[str, Any] = dict(read_manifest(package_dir))
+        manifest = read_manifest(package_dir)
     except ValueError as exc:
         raise CliError(f"{where}: {exc}") from None
     return Target(

@@ -86,10 +86,9 @@ class AotiBuildHook(BuildHookInterface):
         from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
         dist_dir = package.replace(".", "/")
-        loader_file = f"{settings.loader}.py"
         build_data["pure_python"] = False
         build_data["tag"] = staged.tag
-        build_data["force_include"][str(staged.package_dir / loader_file)] = f"{dist_dir}/{loader_file}"
+        build_data["force_include"][str(staged.package_dir / settings.loader)] = f"{dist_dir}/{settings.loader}"
         build_data["force_include"][str(staged.package_dir / ARTIFACT_DIR)] = f"{dist_dir}/{ARTIFACT_DIR}"
 
     def _find_package(self, settings: Any) -> tuple[str, Path]:
@@ -117,8 +116,9 @@ class AotiBuildHook(BuildHookInterface):
                 raise BuildFailed(
                     f"{settings.table}.package: {package!r} is not a package in this wheel (found: {found})"
                 )
-        clash = f"{package.replace('.', '/')}/{settings.loader}.py"
-        if clash in included_paths:
+        where = f"{package.replace('.', '/')}/{settings.loader}"
+        clash = next((p for p in sorted(included_paths) if p == f"{where}.py" or p.startswith(f"{where}/")), None)
+        if clash is not None:
             raise BuildFailed(
                 f"{settings.table}.loader: {clash} already exists in the project; choose another `loader` name"
             )

@@ -233,12 +233,13 @@ class build_aoti(Command):
         package_dirs = dist.package_dir or {}
         first = package.split(".")[0]
         source = root / package_dirs[first] if first in package_dirs else root / package_dirs.get("", "") / first
-        loader_file = source.joinpath(*package.split(".")[1:], f"{settings.loader}.py")
-        if loader_file.exists():
-            raise BuildFailed(
-                f"{settings.table}.loader: {loader_file.relative_to(root)} already exists in the "
-                "project; choose another `loader` name"
-            )
+        where = source.joinpath(*package.split(".")[1:])
+        for clash in (where / f"{settings.loader}.py", where / settings.loader):
+            if clash.exists():
+                raise BuildFailed(
+                    f"{settings.table}.loader: {clash.relative_to(root)} already exists in the "
+                    "project; choose another `loader` name"
+                )
         return package, source.parent
 
     def _info(self, message: str) -> None:

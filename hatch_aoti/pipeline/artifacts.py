@@ -7,12 +7,14 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-ARTIFACT_DIR = "_aoti"
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 2
+from hatch_aoti import __version__
+from hatch_aoti.loader.schema import ARTIFACT_DIR
+
+#: The loader that every wheel gets as ``<package>/<loader>/``: hatch-aoti's own package, copied.
+LOADER_SOURCE = Path(__file__).resolve().parents[1] / "loader"
 
 
-def template_path(name: str = "compiled.py") -> Path:
+def template_path(name: str) -> Path:
     """A template: the copy shipped as package data (``hatch_aoti/templates``), or in a checkout,
     where the package is the source tree, ``templates/`` beside it."""
     from importlib import resources
@@ -43,7 +45,7 @@ def editable_files(package: str, loader: str, staged: Path, stage: Path) -> dict
     ``_hatch_aoti_<package>/``, and a ``.pth``-imported finder mapping ``<package>.<loader>`` there."""
     home = f"_hatch_aoti_{package.replace('.', '_')}"
     finder = stage / f"{home}_finder.py"
-    finder.write_text(editable_finder(f"{package}.{loader}", f"{home}/{loader}.py"), encoding="utf-8")
+    finder.write_text(editable_finder(f"{package}.{loader}", f"{home}/{loader}/__init__.py"), encoding="utf-8")
     pth = stage / f"{home}.pth"
     pth.write_text(f"import {home}_finder\n", encoding="utf-8")
     return {staged: home, finder: finder.name, pth: pth.name}
@@ -66,23 +68,37 @@ def file_hashes(directory: Path, known: dict[str, str]) -> dict[str, str]:
     }
 
 
+def loader_modules() -> list[Path]:
+    """The loader package's modules, in a fixed order."""
+    return sorted(LOADER_SOURCE.glob("*.py"))
+
+
 def write_loader(package_dir: Path, loader: str) -> None:
-    """Write ``<loader>.py`` into a staged package directory (its manifest: :mod:`hatch_aoti.pipeline.manifest`)."""
-    shutil.copyfile(template_path(), package_dir / f"{loader}.py")
-    (package_dir / f"{loader}.py").chmod(0o644)
+    """Write the loader package ``<loader>/`` into a staged package directory (its manifest:
+    :mod:`hatch_aoti.pipeline.manifest`); each module says which hatch-aoti wrote it."""
+    dest = package_dir / loader
+    dest.mkdir(parents=True, exist_ok=True)
+    header = f"# Written by hatch-aoti {__version__} for this package's compiled models; do not edit.\n"
+    for source in loader_modules():
+        (dest / source.name).write_text(header + source.read_text(encoding="utf-8"), encoding="utf-8")
+        (dest / source.name).chmod(0o644)
 
 
-def import_file(name: str, path: Path, *, register: bool = False) -> ModuleType:
-    """The module in ``path``, imported as ``name`` without importing its package (a staged or
-    extracted loader); ``register`` puts it in ``sys.modules`` first, as an import would."""
+def import_package(name: str, directory: Path) -> ModuleType:
+    """The package in ``directory``, imported as ``name`` without importing its parent (a staged or
+    extracted loader), and put in ``sys.modules`` so that its modules import each other."""
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location(name, path)
+    init = directory / "__init__.py"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(directory)])
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path} as {name}")
+        raise ImportError(f"cannot import {directory} as {name}")
     module = importlib.util.module_from_spec(spec)
-    if register:
-        sys.modules[name] = module
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module

@@ -1,56 +1,14 @@
 """The manifest (``_aoti/manifest.json``): what the loader, ``hatch-aoti`` and the cache know of each
-model. Its types, its one writer and its one check, used when it is written and when it is read."""
+model. Its types are the loader's (:mod:`hatch_aoti.loader.schema`); here are its one writer and
+its one check, used when it is written and when it is read."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, MANIFEST, MANIFEST_FORMAT
-
-
-class Cpu(TypedDict):
-    arch: str
-    target: str
-    features: list[str]
-
-
-class Entry(TypedDict, total=False):
-    """One model. ``call``, ``cpu``, ``device`` and ``file`` are always there (:func:`problem` checks);
-    the rest depends on the backend and the model."""
-
-    call: list[dict[str, Any]]
-    """What each flattened input must be: dtype, device, shape (ints and dims), or a constant."""
-    cpu: Cpu
-    device: str
-    file: str
-    sha256: str
-    backend: str
-    factory: str
-    outputs: list[dict[str, Any]]
-    verification: dict[str, Any]
-    inductor_configs: dict[str, Any]
-    files: dict[str, str]
-    torch_symbols: list[str]
-    members: list[str]
-    """The ``.pt2`` package's members, for ``save_pt2()``."""
-    inline: dict[str, str]
-    """Its small text members, kept here rather than as files."""
-    weights: dict[str, Any]
-    """The mapped weights: ``file``, ``sha256``, each constant's place in the file, and ``external``."""
-    tuning: dict[str, Any]
-    """``tune = true``: each candidate's time or why it was dropped, and the one kept."""
-
-
-class Manifest(TypedDict):
-    format: int
-    hatch_aoti: str
-    torch: str
-    package: str
-    loader: str
-    models: dict[str, Entry]
-
+from hatch_aoti.loader.schema import ARTIFACT_DIR, FORMAT, MANIFEST, Manifest
 
 #: What every model entry has, and the type of each (manifest format 2).
 ENTRY_KEYS = {"call": list, "cpu": dict, "device": str, "file": str}
@@ -89,8 +47,8 @@ def problem(manifest: Any) -> str | None:
     """What makes a manifest unusable, or ``None``: its readers can then index it freely."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), dict):
         return "has no `models` table"
-    if manifest.get("format") != MANIFEST_FORMAT:
-        return f"is of format {manifest.get('format')!r}; this hatch-aoti reads format {MANIFEST_FORMAT}"
+    if manifest.get("format") != FORMAT:
+        return f"is of format {manifest.get('format')!r}; this hatch-aoti reads format {FORMAT}"
     for name, entry in manifest["models"].items():
         reason = entry_problem(entry)
         if reason is not None:

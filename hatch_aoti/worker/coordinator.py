@@ -331,10 +331,10 @@ class Coordinator:
         (precompiled functions) then name a module that exists wherever the wheel goes."""
         if self.loader_name in sys.modules:
             return
-        from hatch_aoti.pipeline.artifacts import import_file
+        from hatch_aoti.pipeline.artifacts import import_package
 
         self.write_manifest(self.entries)
-        import_file(self.loader_name, self.package / f"{self.job.loader}.py", register=True)
+        import_package(self.loader_name, self.package / self.job.loader)
 
     def finish(self, miss: Miss, outcome: Outcome) -> None:
         """Verify a compiled model, and keep it (staged and cached) once it passes; time a candidate."""
@@ -562,8 +562,9 @@ class Coordinator:
         """The staged loader and manifest, for ``models``; a model's factory and ``forward`` signature are
         added here, not cached (entries are shared between projects, whose factories have other names)."""
         from hatch_aoti import __version__, backends
+        from hatch_aoti.loader.schema import FORMAT, Manifest
         from hatch_aoti.pipeline import manifest
-        from hatch_aoti.pipeline.artifacts import MANIFEST_FORMAT, write_loader, write_runtime
+        from hatch_aoti.pipeline.artifacts import write_loader, write_runtime
 
         entries: dict[str, Any] = {
             name: {**entry, "factory": self.factories[name], "signature": self.signatures.get(name, [])}
@@ -571,8 +572,8 @@ class Coordinator:
         }
         manifest.write(
             self.package,
-            manifest.Manifest(
-                format=MANIFEST_FORMAT,
+            Manifest(
+                format=FORMAT,
                 hatch_aoti=__version__,
                 torch=_torch_version(),
                 package=self.job.package,
@@ -588,10 +589,10 @@ class Coordinator:
 
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
         """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
-        from hatch_aoti.pipeline.artifacts import import_file
+        from hatch_aoti.pipeline.artifacts import import_package
 
         self.write_manifest(models)
-        return import_file(f"_hatch_aoti_staged_{len(self.entries)}", self.package / f"{self.job.loader}.py")
+        return import_package(f"_hatch_aoti_staged_{len(self.entries)}", self.package / self.job.loader)
 
 
 def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, Any]]:

@@ -110,7 +110,7 @@ def own_identity() -> str:
 
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted([*package.rglob("*.py"), *template_path().parent.glob("*.py")]):
+    for path in sorted([*package.rglob("*.py"), *template_path("editable_finder.py").parent.glob("*.py")]):
         digest.update(f"{path.relative_to(path.parent.parent).as_posix()}\n".encode())
         digest.update(path.read_bytes())
     return f"{__version__} {digest.hexdigest()}"

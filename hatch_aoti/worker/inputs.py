@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hatch_aoti.loader.schema import Dim, Leaf, Output
 from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec, parse_rule
 from hatch_aoti.worker import generate
 
@@ -410,7 +411,7 @@ def _resize(sample: Sample, names: dict[tuple[int, int], str], target: dict[str,
     return pytree.tree_unflatten(out, spec)
 
 
-def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = frozenset()) -> list[Leaf]:
     """What each flattened input must be, as the exported program has it.
 
     The loader checks calls against this (AOTInductor itself does not): dtype, device,
@@ -431,7 +432,7 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
     user = [s.arg for s in exported.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     tensors = [nodes[arg.name].meta["val"] for arg in user if isinstance(arg, TensorArgument)]
     names = symbol_names(tensors, plan)
-    out: list[dict[str, Any]] = []
+    out: list[Leaf] = []
     for path, arg in zip(paths, user):
         if isinstance(arg, ConstantArgument):
             value = arg.value
@@ -448,9 +449,12 @@ def describe_call(exported: Any, plan: InputPlan, mutated: frozenset[str] = froz
             size if isinstance(size, int) else _dynamic_axis(exported, size.node.expr, names, axis_names.get(axis))
             for axis, size in enumerate(fake.shape)
         ]
-        leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
+        leaf: Leaf = {"dtype": str(fake.dtype).removeprefix("torch."), "device": fake.device.type, "shape": shape}
         low, high = plan.values[position] if position < len(plan.values) else (None, None)
-        leaf.update({k: v for k, v in (("low", low), ("high", high)) if v is not None})
+        if low is not None:
+            leaf["low"] = low
+        if high is not None:
+            leaf["high"] = high
         if arg.name in rows and fake.device.type == "cpu":  # on CUDA the check would wait for the GPU
             leaf["index_rows"] = rows[arg.name]
         out.append({**leaf, "mutated": True} if path in mutated else leaf)
@@ -525,7 +529,7 @@ def symbol_names(tensors: list[Any], plan: InputPlan) -> dict[Any, str]:
     return names
 
 
-def _dynamic_axis(exported: Any, expr: Any, names: dict[Any, str], axis_name: str | None) -> dict[str, Any]:
+def _dynamic_axis(exported: Any, expr: Any, names: dict[Any, str], axis_name: str | None) -> Dim:
     """One dynamic axis: its name and range, and for a derived one (``320*s0``) its root, multiple and offset."""
     if expr.is_Symbol:
         low, high = _bounds(exported, expr)
@@ -538,13 +542,14 @@ def _dynamic_axis(exported: Any, expr: Any, names: dict[Any, str], axis_name: st
         raise ValueError(f"a dynamic size is {expr}, which is not of the form a*dim + b")
     low, high = _bounds(exported, symbol)
     root = names.get(symbol, str(symbol))
-    rule = {"root": root, "mult": int(mult), "offset": int(offset)}
     name = axis_name or f"{int(mult)}*{root}" + (f"{int(offset):+d}" if offset else "")
     return {
         "name": name,
         "min": int(mult) * low + int(offset),
         "max": None if high is None else int(mult) * high + int(offset),
-        **rule,
+        "root": root,
+        "mult": int(mult),
+        "offset": int(offset),
     }
 
 
@@ -554,7 +559,7 @@ def _bounds(exported: Any, symbol: Any) -> tuple[int, int | None]:
     return low or 0, _finite(bounds.upper) if bounds is not None else None
 
 
-def describe_outputs(exported: Any) -> list[dict[str, Any]]:
+def describe_outputs(exported: Any) -> list[Output]:
     """What kind each flattened output is: the runner returns a 0-d tensor where eager returns a
     Python number, so the loader converts those back; constants are returned as they were."""
     from torch.export.graph_signature import (
@@ -567,16 +572,18 @@ def describe_outputs(exported: Any) -> list[dict[str, Any]]:
 
     kinds = {SymIntArgument: "int", SymFloatArgument: "float", SymBoolArgument: "bool"}
     viewed = views_of_inputs(exported)
-    out: list[dict[str, Any]] = []
+    out: list[Output] = []
     for spec in exported.graph_signature.output_specs:
         if spec.kind != OutputKind.USER_OUTPUT:
             continue
         if isinstance(spec.arg, ConstantArgument) and isinstance(spec.arg.value, (bool, int, float, str, type(None))):
             out.append({"kind": "const", "value": spec.arg.value})
         else:
-            kind = {"kind": kinds.get(type(spec.arg), "tensor")}
+            kind: Output = {"kind": kinds.get(type(spec.arg), "tensor")}
             name = getattr(spec.arg, "name", None)
-            out.append({**kind, "view_of": viewed[name]} if name in viewed else kind)
+            if name in viewed:
+                kind["view_of"] = viewed[name]
+            out.append(kind)
     return out
 
 
