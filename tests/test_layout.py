@@ -160,6 +160,23 @@ def test_the_loader_needs_only_torch_and_the_standard_library() -> None:
     assert {name: bad for name, bad in found.items() if bad} == {}
 
 
+def test_the_loader_imports_its_modules_without_its_parent_package() -> None:
+    """``from . import module`` imports the loader's parent package first (``__import__`` returns the top
+    one), which ``hatch-aoti`` must not run and which a wheel extracted elsewhere cannot import; ``from
+    .module import name`` imports the module alone."""
+    modules = {p.stem for p in LOADER.glob("*.py")}
+    found = {
+        m.name: node.lineno
+        for m in LOADER.glob("*.py")
+        for node in ast.walk(ast.parse(m.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.level
+        and not node.module
+        and {a.name for a in node.names} & modules
+    }
+    assert found == {}
+
+
 def test_the_loader_imports_a_feature_only_where_a_model_uses_it() -> None:
     """Importing the loader and loading an AOTInductor model with shipped weights reaches neither the
     fetch code, nor precompile's run time, nor torch's fallback runner; and the modules form no circle."""

@@ -24,21 +24,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import schema
+from .schema import ARTIFACT_DIR, Entry, Manifest
+from .schema import read as read_manifest
 
 __all__ = ["fetch", "info", "load", "names", "save_pt2"]
 
 #: The package's ``_aoti`` folder: the manifest, and each model's files in a folder of its name.
-_ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), schema.ARTIFACT_DIR)
+_ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ARTIFACT_DIR)
 _LOCK = threading.Lock()
 _LOADED: dict[str, Callable[..., Any]] = {}
-_MANIFEST: list[schema.Manifest] = []
+_MANIFEST: list[Manifest] = []
 
 
-def _manifest() -> schema.Manifest:
+def _manifest() -> Manifest:
     """The manifest, read on first use (its format checked first)."""
     if not _MANIFEST:
-        _MANIFEST.append(schema.read(_ARTIFACTS))
+        _MANIFEST.append(read_manifest(_ARTIFACTS))
     return _MANIFEST[0]
 
 
@@ -47,7 +48,7 @@ def names() -> tuple[str, ...]:
     return tuple(_manifest()["models"])
 
 
-def _entry(name: str) -> schema.Entry:
+def _entry(name: str) -> Entry:
     models = _manifest()["models"]
     try:
         return models[name]
@@ -63,9 +64,9 @@ def info(name: str) -> dict[str, Any]:
     entry["torch"] = _manifest()["torch"]
     entry["hatch_aoti"] = _manifest()["hatch_aoti"]
     if "external" in entry.get("weights", {}):
-        from . import external
+        from .external import state
 
-        entry["weights_source"] = external.state(name, _entry(name))
+        entry["weights_source"] = state(name, _entry(name))
     return entry
 
 
@@ -78,10 +79,11 @@ def load(name: str) -> Callable[..., Any]:
     with _LOCK:
         model = _LOADED.get(name)
         if model is None:
-            from . import calls, engine
+            from .calls import aoti_call, checked_call
+            from .engine import Model
 
-            built = engine.Model(name, entry, _ARTIFACTS, _manifest()["torch"])
-            model = _LOADED[name] = calls.aoti_call(built) if built.backend == "aoti" else calls.checked_call(built)
+            built = Model(name, entry, _ARTIFACTS, _manifest()["torch"])
+            model = _LOADED[name] = aoti_call(built) if built.backend == "aoti" else checked_call(built)
     return model
 
 
@@ -91,13 +93,13 @@ def save_pt2(name: str, path: str) -> str:
     A model with mapped weights keeps them beside its library there too: load that package
     with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``.
     """
-    from . import pt2
+    from .pt2 import write
 
     entry = _entry(name)
     part = f"{path}.{os.getpid()}.part"
     try:
         with open(part, "wb") as f:
-            pt2.write(name, entry, os.path.join(_ARTIFACTS, name), f)
+            write(name, entry, os.path.join(_ARTIFACTS, name), f)
         os.replace(part, path)
     finally:
         if os.path.exists(part):
@@ -107,11 +109,11 @@ def save_pt2(name: str, path: str) -> str:
 
 def fetch(*models: str) -> dict[str, str]:
     """Fetch and verify the external weights of ``models`` (all that have them, if none are named); their paths."""
-    from . import external
+    from .external import fetched
 
     found = {}
     for name in models or [n for n, e in _manifest()["models"].items() if "external" in e.get("weights", {})]:
         weights = _entry(name).get("weights", {})
         if "external" in weights:
-            found[name] = external.fetched(name, weights)
+            found[name] = fetched(name, weights)
     return found

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import aliasing, fastpath, inputs
+from .aliasing import callers
 from .engine import Model
+from .fastpath import generated, output_expr
+from .inputs import contiguous, fits, resolved, write_back
 
 
 def aoti_call(engine: Model) -> Callable[..., Any]:
@@ -23,10 +25,10 @@ def aoti_call(engine: Model) -> Callable[..., Any]:
 
     def generic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         tensors = tensors_of(args, kwargs)
-        prepared = inputs.resolved(tensors) if engine.complex else inputs.contiguous(tensors)
+        prepared = resolved(tensors) if engine.complex else contiguous(tensors)
         return finish(tensors, prepared, engine.run(list(prepared)))  # torch's fallback runner empties it
 
-    return named(fastpath.generated(engine, generic), engine)
+    return named(generated(engine, generic), engine)
 
 
 def checked_call(engine: Model) -> Callable[..., Any]:
@@ -56,7 +58,7 @@ def checker(engine: Model) -> Callable[[tuple[Any, ...], dict[str, Any]], list[A
                     and tensor.layout is strided
                 )
                 if ok:
-                    ok = inputs.fits(tensor.shape, sizes, dims, roots) if dims else tensor.shape == sizes
+                    ok = fits(tensor.shape, sizes, dims, roots) if dims else tensor.shape == sizes
             except AttributeError:
                 ok = False
             if not ok:
@@ -89,12 +91,12 @@ def named(model: Callable[..., Any], engine: Model) -> Callable[..., Any]:
 def finisher(engine: Model) -> Callable[[list[Any], list[Any], list[Any]], Any]:
     """For the generic path: mutations written back, outputs in the eager model's structure and types."""
     env: dict[str, Any] = {}
-    code = f"lambda o: {fastpath.output_expr(engine, env)}"
+    code = f"lambda o: {output_expr(engine, env)}"
     outputs = eval(code, env)
     mutated, views = engine.mutated, engine.views
 
     def finish(tensors: list[Any], prepared: list[Any], flat: list[Any]) -> Any:
-        inputs.write_back(tensors, prepared, mutated)
-        return outputs(aliasing.callers(flat, prepared, tensors, views))
+        write_back(tensors, prepared, mutated)
+        return outputs(callers(flat, prepared, tensors, views))
 
     return finish

@@ -7,8 +7,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import host, inputs, packing, runtime, specs, weights
+from .host import check_symbols, damaged, problems
+from .inputs import describe, exported_layout, fits, tensor_check, unsafe_writes
+from .packing import chosen, packed
+from .runtime import opened
 from .schema import Entry, Output, Parameter
+from .specs import children, treespec
+from .weights import mapped
 
 
 class Model:
@@ -30,7 +35,7 @@ class Model:
 
         self.name, self.directory, self.built_with = name, os.path.join(artifacts, name), built_with
         self.device = entry["device"]
-        problem = next(iter(host.problems(entry, torch)), None) or host.damaged(entry, self.directory)
+        problem = next(iter(problems(entry, torch)), None) or damaged(entry, self.directory)
         if problem:
             raise RuntimeError(f"compiled model {name!r} {problem}")
         self.file = os.path.join(self.directory, entry["file"])
@@ -41,18 +46,18 @@ class Model:
         else:  # other backends return the model's own output structure
             self.runner = None
             if self.backend == "precompile":
-                from . import precompile
+                from .precompile import Precompiled
 
-                self.run = precompile.Precompiled(torch, name, entry, self.directory)
+                self.run = Precompiled(torch, name, entry, self.directory)
             else:
                 self.run = backend_runtime(name, entry, artifacts)
             in_spec, out_spec = entry["call_spec"]
         self.pytree = pytree
         self.tensor = torch.Tensor
         self.strided = torch.strided
-        self.in_spec = specs.treespec(pytree, name, in_spec)
-        self.out_spec = specs.treespec(pytree, name, out_spec)
-        args_spec, kwargs_spec = specs.children(self.in_spec)
+        self.in_spec = treespec(pytree, name, in_spec)
+        self.out_spec = treespec(pytree, name, out_spec)
+        args_spec, kwargs_spec = children(self.in_spec)
         self.n_args = args_spec.num_children
         self.kwarg_names = tuple(kwargs_spec.context)
 
@@ -60,13 +65,13 @@ class Model:
         self.constants = [(i, leaf["const"]) for i, leaf in enumerate(leaves) if leaf.get("check_const")]
         self.tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         tensors = [leaves[i] for i in self.tensor_index]
-        self.checks = [inputs.tensor_check(torch, leaf) for leaf in tensors]
+        self.checks = [tensor_check(torch, leaf) for leaf in tensors]
         self.mutated = [i for i, leaf in enumerate(tensors) if leaf.get("mutated")]
         self.complex = any(dtype.is_complex for dtype, _, _, _ in self.checks)
         # row indices into a table: out of range, the kernel's bounds check would end the process
         self.index_rows = [(i, leaf["index_rows"]) for i, leaf in enumerate(tensors) if "index_rows" in leaf]
         self.aminmax = torch.aminmax
-        self.unsafe = inputs.unsafe_writes(torch, self.mutated) if self.mutated else None
+        self.unsafe = unsafe_writes(torch, self.mutated) if self.mutated else None
         self.outputs: list[Output] = entry.get("outputs") or [{"kind": "tensor"}] * self.out_spec.num_leaves
         # outputs eager makes as views of an input: remade on the caller's tensor where the loader copied it
         self.views = [(i, out["view_of"]) for i, out in enumerate(self.outputs) if "view_of" in out]
@@ -74,20 +79,20 @@ class Model:
 
     def _aoti(self, torch: Any, entry: Entry) -> Any:
         """The AOTInductor runner on the shipped library; its (input, output) call specs."""
-        host.check_symbols(torch, self.name, entry.get("torch_symbols") or [], self.built_with)
+        check_symbols(torch, self.name, entry.get("torch_symbols") or [], self.built_with)
         try:
-            chosen = packing.chosen(entry)
-            self.runner = runtime.opened(torch, self.name, self.file, self.device, self.built_with)
+            packs = chosen(entry)
+            self.runner = opened(torch, self.name, self.file, self.device, self.built_with)
             self.run = self.runner.run
             # read only where needed: a load of weights in the library, packed nowhere, stays as it was
-            needs_names = "weights" in entry or bool(chosen)
+            needs_names = "weights" in entry or bool(packs)
             constants = self.runner.get_constant_names_to_original_fqns() if needs_names else {}
             if "weights" in entry:
-                self.weights = weights.mapped(torch, self.name, entry, self.directory, constants)
-            chosen = {c: how for c, how in chosen.items() if c in constants}
-            packed = packing.packed(torch, self.name, chosen, self._dense) if chosen else {}
-            if self.weights is not None or packed:  # the mapped weights, the packed ones in their place
-                self.weights = {**(self.weights or {}), **packed}
+                self.weights = mapped(torch, self.name, entry, self.directory, constants)
+            packs = {c: how for c, how in packs.items() if c in constants}
+            repacked = packed(torch, self.name, packs, self._dense) if packs else {}
+            if self.weights is not None or repacked:  # the mapped weights, the packed ones in their place
+                self.weights = {**(self.weights or {}), **repacked}
                 self.runner.update_constant_buffer(self.weights, False, "weights" in entry, True)  # no copy
             return self.runner.get_call_spec()
         except (AttributeError, TypeError, ImportError) as exc:
@@ -98,9 +103,9 @@ class Model:
                 RuntimeWarning,
                 stacklevel=3,
             )
-            from . import pt2
+            from .pt2 import public_runner
 
-            self.runner = pt2.public_runner(self.name, entry, self.directory)
+            self.runner = public_runner(self.name, entry, self.directory)
             self.run = self.runner.loader.boxed_run
             return self.runner.loader.get_call_spec()
 
@@ -121,7 +126,7 @@ class Model:
         unknown = sorted(set(kwargs) - set(self.kwarg_names))
         missing = [k for k in self.kwarg_names if k not in kwargs]
         if (unknown or missing or len(args) != self.n_args) and self.signature:
-            args, kwargs = inputs.exported_layout(self.signature, self.n_args, self.kwarg_names, args, kwargs)
+            args, kwargs = exported_layout(self.signature, self.n_args, self.kwarg_names, args, kwargs)
             unknown = sorted(set(kwargs) - set(self.kwarg_names))
             missing = [k for k in self.kwarg_names if k not in kwargs]
         if unknown or missing or len(args) != self.n_args:
@@ -152,7 +157,7 @@ class Model:
         seen_at: dict[str, tuple[int, int, int]] = {}
         for position, tensor in enumerate(tensors):
             leaf = self.leaves[self.tensor_index[position]]
-            expected = inputs.describe(leaf)
+            expected = describe(leaf)
             where = f"compiled model {self.name!r}: input {position}"
             if not isinstance(tensor, self.tensor):
                 raise TypeError(f"{where} must be a tensor ({expected}); got {type(tensor).__name__}")
@@ -162,7 +167,7 @@ class Model:
             dtype, cpu, sizes, dims = self.checks[position]
             if tensor.dtype is not dtype or tensor.is_cpu is not cpu or not (cpu or tensor.is_cuda):
                 raise TypeError(f"{where} must be {expected}; got {got}")
-            if not inputs.fits(tensor.shape, sizes, dims, {}):
+            if not fits(tensor.shape, sizes, dims, {}):
                 raise ValueError(f"{where} must be {expected}; got {got}")
             for axis, _, _, root, mult, offset in dims:
                 value = (tensor.shape[axis] - offset) // mult

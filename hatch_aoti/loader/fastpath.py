@@ -8,8 +8,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from . import aliasing, specs
+from .aliasing import callers
 from .engine import Model
+from .specs import children as children_of
 
 
 class Miss(Exception):
@@ -51,7 +52,7 @@ def generated(engine: Model, generic: Callable[..., Any]) -> Callable[..., Any]:
 def _unpacking(engine: Model, env: dict[str, Any]) -> tuple[list[str], list[str] | None]:
     """Lines that bind each input leaf to ``v<i>``, checking the containers on the way; (lines, None)
     where a container is of another type than tuple, list or dict (the generic path takes those)."""
-    args_spec, kwargs_spec = specs.children(engine.in_spec)
+    args_spec, kwargs_spec = children_of(engine.in_spec)
     lines = [
         f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine.kwarg_names)}: raise _Miss"
     ]
@@ -63,7 +64,7 @@ def _unpacking(engine: Model, env: dict[str, Any]) -> tuple[list[str], list[str]
             leaves.append(f"v{len(leaves)}")
             lines.append(f"        {leaves[-1]} = {expr}")
             return True
-        var, children = f"n{next(nodes)}", specs.children(spec)
+        var, children = f"n{next(nodes)}", children_of(spec)
         lines.append(f"        {var} = {expr}")
         if spec.type in (tuple, list):
             lines.append(
@@ -76,8 +77,8 @@ def _unpacking(engine: Model, env: dict[str, Any]) -> tuple[list[str], list[str]
             return all(walk(c, f"{var}[{_key(env, k)}]") for k, c in zip(spec.context, children))
         return False
 
-    ok = all(walk(c, f"args[{i}]") for i, c in enumerate(specs.children(args_spec)))
-    ok = ok and all(walk(c, f"kwargs[{k!r}]") for k, c in zip(engine.kwarg_names, specs.children(kwargs_spec)))
+    ok = all(walk(c, f"args[{i}]") for i, c in enumerate(children_of(args_spec)))
+    ok = ok and all(walk(c, f"kwargs[{k!r}]") for k, c in zip(engine.kwarg_names, children_of(kwargs_spec)))
     return lines, leaves if ok else None
 
 
@@ -102,7 +103,7 @@ def _calling(engine: Model, tensors: list[str], env: dict[str, Any]) -> list[str
     for position in engine.mutated:  # the caller's tensor changes as it would in eager
         lines.append(f"        if c{position} is not {tensors[position]}: {tensors[position]}.copy_(c{position})")
     if tensors:  # an output that is an input is the caller's tensor, not the loader's copy of it
-        env["_callers"], env["_views"] = aliasing.callers, engine.views
+        env["_callers"], env["_views"] = callers, engine.views
         copied = " or ".join(f"c{p} is not {var}" for p, var in enumerate(tensors))
         lines.append(f"        if {copied}: o = _callers(o, [{copies}], [{', '.join(tensors)}], _views)")
     lines.append(f"        return {output_expr(engine, env)}")
@@ -176,7 +177,7 @@ def output_expr(engine: Model, env: dict[str, Any]) -> str:
     def build(spec: Any) -> str:
         if spec.is_leaf():
             return next(leaves)
-        children = [build(c) for c in specs.children(spec)]
+        children = [build(c) for c in children_of(spec)]
         if spec.type is tuple:
             return f"({', '.join(children)},)" if children else "()"
         if spec.type is list:

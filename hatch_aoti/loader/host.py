@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import packing
+from .packing import pack_ops
 from .schema import Cpu, Entry
 
 
@@ -26,7 +26,7 @@ def problems(entry: Entry, torch: Any = None) -> list[str]:
     if entry.get("backend") == "precompile":
         found.append(precompile_problem(entry, torch.__version__ if torch is not None else torch_version()))
     try:
-        packing.pack_ops()
+        pack_ops()
     except ValueError as exc:
         found.append(f"cannot load here: {exc}")
     return [p for p in found if p]

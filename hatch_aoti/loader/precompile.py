@@ -8,8 +8,9 @@ import os
 import threading
 from typing import Any
 
-from . import inputs, specs
+from .inputs import tensor_check, write_back
 from .schema import Entry, Leaf, Region
+from .specs import children, treespec
 
 
 def call(module: Any, *args: Any, **kwargs: Any) -> Any:
@@ -45,8 +46,8 @@ class Precompiled:
         leaves = entry["call"]
         self.tensor_index = [i for i, leaf in enumerate(leaves) if "const" not in leaf]
         self.mutated = [p for p, i in enumerate(self.tensor_index) if leaves[i].get("mutated")]
-        self.in_spec = specs.treespec(torch.utils._pytree, name, entry["call_spec"][0])
-        self.kwarg_names = tuple(specs.children(self.in_spec)[1].context)
+        self.in_spec = treespec(torch.utils._pytree, name, entry["call_spec"][0])
+        self.kwarg_names = tuple(children(self.in_spec)[1].context)
         self._load(0)
 
     def _load(self, index: int) -> None:
@@ -98,13 +99,13 @@ class Precompiled:
                 raise ValueError(
                     f"compiled model {self.name!r}: these inputs fail the guards it was compiled with: {why}"
                 ) from None
-        inputs.write_back(tensors, copies, self.mutated)  # in the caller's mode, as eager writes
+        write_back(tensors, copies, self.mutated)  # in the caller's mode, as eager writes
         return out
 
 
 def _root_axes(torch: Any, leaves: list[Leaf]) -> list[tuple[int, int, str, int, int]]:
     """(tensor position, axis, root dim, multiple, offset) of every dynamic axis of a model's inputs."""
-    checks = [inputs.tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
+    checks = [tensor_check(torch, leaf) for leaf in leaves if "const" not in leaf]
     return [
         (position, axis, root, mult, offset)
         for position, (_, _, _, dims) in enumerate(checks)

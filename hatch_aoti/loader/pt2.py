@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable
 from typing import IO, Any, BinaryIO, cast
 
-from . import weights
 from .schema import Entry, Place
+from .weights import mapped
 
 
 def write(name: str, entry: Entry, directory: str, f: BinaryIO) -> None:
@@ -46,7 +46,7 @@ def pickled_weights(name: str, entry: Entry, directory: str) -> dict[str, Callab
     tensors = entry["weights"]["tensors"]
     whole = {"dtype": "uint8", "stride": [1], "storage_offset": 0}
     storages = {t["file"]: cast(Place, {**t, **whole, "shape": [t["nbytes"]]}) for t in tensors.values()}
-    blob = weights.mapped(torch, name, entry, directory, {file: file for file in storages}, storages)
+    blob = mapped(torch, name, entry, directory, {file: file for file in storages}, storages)
     config = {c: [t["file"], t["shape"], t["stride"], t["storage_offset"]] for c, t in tensors.items()}
 
     dtypes = {t["file"]: getattr(torch, t["dtype"]) for t in tensors.values()}

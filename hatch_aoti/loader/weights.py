@@ -39,6 +39,6 @@ def file_path(name: str, entry: Entry, directory: str) -> str:
     weights = entry["weights"]
     if "external" not in weights:
         return os.path.join(directory, weights["file"])
-    from . import external
+    from .external import fetched
 
-    return external.fetched(name, weights)
+    return fetched(name, weights)
