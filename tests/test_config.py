@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_aoti.settings.config import (
-    HATCH_TABLE,
-    ConfigError,
-    DimSpec,
-    ModelSpec,
-    TensorSpec,
-    parse_settings,
-)
+from hatch_aoti.settings.constants import HATCH_TABLE
+from hatch_aoti.settings.model import DimSpec, TensorSpec
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
+from hatch_aoti.settings.spec import ModelSpec
 
 M = f"{HATCH_TABLE}.models"
 
@@ -234,7 +231,7 @@ def test_target_settings_written_as_nested_tables_still_conflict() -> None:
 
 
 def test_the_table_path_is_the_one_the_user_wrote() -> None:
-    from hatch_aoti.settings.config import SETUPTOOLS_TABLE
+    from hatch_aoti.settings.constants import SETUPTOOLS_TABLE
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"models": {"m": {"factroy": "a:b", "inputs": []}}}, SETUPTOOLS_TABLE)

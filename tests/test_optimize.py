@@ -15,7 +15,9 @@ import pytest
 from conftest import TABLES, Runtime, build_no_isolation, write_project
 
 from hatch_aoti.pipeline import protocol
-from hatch_aoti.settings.config import ConfigError, ModelSpec, parse_settings
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, processes
 from hatch_aoti.worker.helpers import Outcome
 

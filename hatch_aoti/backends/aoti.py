@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hatch_aoti.backends.interface import Backend, Request
-from hatch_aoti.settings.config import HOST
+from hatch_aoti.settings.constants import HOST
 
 if TYPE_CHECKING:
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
+    from hatch_aoti.settings.spec import ModelSpec
 
 
 class AotiBackend(Backend):

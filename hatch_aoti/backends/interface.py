@@ -6,7 +6,6 @@ worker (for :meth:`Backend.compile`): a backend module must not import torch at 
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,13 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
+    from hatch_aoti.settings.spec import ModelSpec
     from hatch_aoti.worker.inputs import InputPlan
-
-GROUP = "hatch_aoti.backends"
-BUILTIN = ("aoti", "precompile")
-DEFAULT = "aoti"
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ class Request:
     factory: str = ""
     """``module:attr`` of the model's factory."""
     spec: ModelSpec | None = None
-    """The model's :class:`hatch_aoti.settings.config.ModelSpec` (its ``dynamic`` table as declared, say)."""
+    """The model's :class:`hatch_aoti.settings.spec.ModelSpec` (its ``dynamic`` table as declared, say)."""
 
 
 class Backend:
@@ -75,7 +70,7 @@ class Backend:
         """The settings a model compiles with (shown by ``info()`` and part of the cache key).
 
         ``user_configs`` are the model's ``inductor-configs``, ``cpu`` its resolved CPU
-        target, ``spec`` its :class:`hatch_aoti.settings.config.ModelSpec`.
+        target, ``spec`` its :class:`hatch_aoti.settings.spec.ModelSpec`.
         """
         return dict(user_configs)
 
@@ -99,9 +94,3 @@ class Backend:
         from hatch_aoti.pipeline.tagging import torch_series
 
         return Pins(torch_series(torch_version))
-
-
-def known() -> list[str]:
-    """Names of the installed backends, without importing them."""
-    names = {ep.name for ep in importlib.metadata.entry_points(group=GROUP)}
-    return [*BUILTIN, *sorted(names - set(BUILTIN))]

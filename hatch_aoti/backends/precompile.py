@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from hatch_aoti.backends.interface import Backend, Pins, Request
 
 if TYPE_CHECKING:
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
+    from hatch_aoti.settings.spec import ModelSpec
 
 
 class PrecompileBackend(Backend):

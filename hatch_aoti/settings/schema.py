@@ -14,10 +14,11 @@ import types
 import typing
 from typing import Any
 
-from hatch_aoti.settings.config import Key, Table, toml_keys
+from hatch_aoti.settings.model import Table
+from hatch_aoti.settings.reader import Key, toml_keys
 
 ID = "urn:hatch-aoti:tool.hatch-aoti"
-#: What :func:`hatch_aoti.settings.config.is_identifier` accepts, as an ECMA-262 pattern.
+#: What :func:`hatch_aoti.settings.reader.is_identifier` accepts, as an ECMA-262 pattern.
 IDENTIFIER = f"^(?!(?:{'|'.join(keyword.kwlist)})$)[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -34,7 +35,7 @@ def tool_schema(tool_name: str = "hatch-aoti") -> dict[str, Any]:
 
 
 def of_type(tp: Any) -> dict[str, Any]:
-    """The schema of one settings type, as :func:`hatch_aoti.settings.config.conform` reads it."""
+    """The schema of one settings type, as :func:`hatch_aoti.settings.reader.conform` reads it."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         options = [of_type(a) for a in args if a is not type(None)]

@@ -22,7 +22,7 @@ from hatch_aoti.backends.aoti import packs_weights
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Parent
 from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
-from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
 from hatch_aoti.worker.bootstrap import setup
 from hatch_aoti.worker.checks import Prepared, check_model

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec, parse_rule
+from hatch_aoti.settings.constants import parse_rule
+from hatch_aoti.settings.model import DimSpec, TensorSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.worker import generate
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
