@@ -12,13 +12,25 @@ from __future__ import annotations
 import importlib.metadata
 from typing import TYPE_CHECKING
 
-from hatch_aoti.backends.interface import Backend, Pins, Request
+from hatch_aoti.backends.interface import Backend, Pins, ProgramFacts, Request
 from hatch_aoti.settings.registry import BUILTIN, DEFAULT, GROUP, known
 
 if TYPE_CHECKING:
     from hatch_aoti.settings.spec import ModelSpec
 
-__all__ = ["BUILTIN", "DEFAULT", "GROUP", "Backend", "Pins", "Request", "combined_pins", "get", "known", "problems"]
+__all__ = [
+    "BUILTIN",
+    "DEFAULT",
+    "GROUP",
+    "Backend",
+    "Pins",
+    "ProgramFacts",
+    "Request",
+    "combined_pins",
+    "get",
+    "known",
+    "problems",
+]
 
 
 def get(name: str) -> Backend:

@@ -28,6 +28,25 @@ class Pins:
     """The wheel's interpreter tag: ``py3``, or ``cpXY`` for artifacts tied to one Python."""
 
 
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What the build learns of a model once it is exported, from its exported program: facts, not
+    settings (the worker makes them: :func:`hatch_aoti.worker.facts.program_facts`). The defaults
+    say that nothing is known."""
+
+    weights_bytes: int | None = None
+    """Bytes of the exported program's weights and constants (the size-based defaults use it)."""
+    repackable: bool = True
+    """Whether the weights Inductor packs for oneDNN can ship dense (see ``aoti.fast_defaults``)."""
+    weighted_macs: int | None = None
+    """Mean multiply-adds of the exported program's matrix products by a weight, at the example
+    inputs' sizes (a model exported at batch 1 counts batch 1)."""
+    weighted_products: int = 0
+    """How many matrix products by a weight the exported program has (those ``weighted_macs`` counts)."""
+    convolutions: int = 0
+    """How many convolutions by a weight the exported program has (those gain from packing at any size)."""
+
+
 @dataclass
 class Request:
     """One model to compile, as the coordinator (or a compile helper) has it."""
@@ -51,6 +70,8 @@ class Request:
     """``module:attr`` of the model's factory."""
     spec: ModelSpec | None = None
     """The model's :class:`hatch_aoti.settings.spec.ModelSpec` (its ``dynamic`` table as declared, say)."""
+    facts: ProgramFacts | None = None
+    """What :attr:`exported` says of the model (its weights' size, say)."""
 
 
 class Backend:
@@ -66,11 +87,14 @@ class Backend:
     #: import name, and its cache key includes that name and the factory's: files may refer to them.
     in_helpers: ClassVar[bool] = False
 
-    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(
+        self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec, facts: ProgramFacts
+    ) -> dict[str, Any]:
         """The settings a model compiles with (shown by ``info()`` and part of the cache key).
 
         ``user_configs`` are the model's ``inductor-configs``, ``cpu`` its resolved CPU
-        target, ``spec`` its :class:`hatch_aoti.settings.spec.ModelSpec`.
+        target, ``spec`` its :class:`hatch_aoti.settings.spec.ModelSpec`, ``facts`` what its
+        exported program says of it.
         """
         return dict(user_configs)
 

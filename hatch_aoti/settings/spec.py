@@ -1,6 +1,7 @@
 """What the build works from: each model's settings resolved against the table's, and the whole table.
 
-A spec crosses to the coordinator as JSON.
+Settings only: what the build learns of a model once it is exported is its
+:class:`hatch_aoti.backends.interface.ProgramFacts`. A spec crosses to the coordinator as JSON.
 """
 
 from __future__ import annotations
@@ -33,25 +34,15 @@ class ModelSpec:
     backend: str = "aoti"
     """The model's own, or the table's."""
     weights: str = "auto"
+    """As written until the model is exported; then ``auto`` is what the weights' size chose."""
     path: str = ""
     """Full TOML path of the model's table, for messages."""
     weights_url: str | None = None
     """``weights = "external"``: the URL template of the weights file."""
     tune: bool = False
     """Compile candidate settings and keep the fastest that verifies (the model's own, or the table's)."""
-    weights_bytes: int | None = None
-    """Bytes of the exported program's weights, once it is exported (the size-based defaults use it)."""
     optimize: str = PORTABLE
     """``host``: compiled for the build machine's CPU (the model's own, or the table's)."""
-    repackable: bool = True
-    """Whether the weights Inductor packs for oneDNN can ship dense, once exported (see ``fast_defaults``)."""
-    weighted_macs: int | None = None
-    """Mean multiply-adds of the exported program's matrix products by a weight, at the example
-    inputs' sizes (a model exported at batch 1 counts batch 1)."""
-    weighted_products: int = 0
-    """How many matrix products by a weight the exported program has (those ``weighted_macs`` counts)."""
-    convolutions: int = 0
-    """How many convolutions by a weight the exported program has (those gain from packing at any size)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:
