@@ -660,8 +660,8 @@ def test_precompile_covers_its_whole_range_in_regions(fidelity: Runtime) -> None
 def test_a_guard_narrower_than_the_region_splits_it() -> None:
     import torch
 
+    from hatch_aoti.backends.interface import InputPlan
     from hatch_aoti.backends.precompile import _small_sizes_apart, _split
-    from hatch_aoti.worker.inputs import InputPlan
 
     plan = InputPlan(
         ((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import TYPE_CHECKING
 
-from hatch_aoti.backends.interface import Backend, Pins, ProgramFacts, Request
+from hatch_aoti.backends.interface import Backend, InputPlan, Pins, ProgramFacts, Request
 from hatch_aoti.settings.registry import BUILTIN, DEFAULT, GROUP, known
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT",
     "GROUP",
     "Backend",
+    "InputPlan",
     "Pins",
     "ProgramFacts",
     "Request",

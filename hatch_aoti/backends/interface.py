@@ -6,7 +6,7 @@ worker (for :meth:`Backend.compile`): a backend module must not import torch at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
     from hatch_aoti.settings.cpu_targets import CpuTarget
     from hatch_aoti.settings.spec import ModelSpec
-    from hatch_aoti.worker.inputs import InputPlan
+
+#: One call's inputs: positional and keyword arguments.
+Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,29 @@ class Pins:
     """``Requires-Dist`` on torch, e.g. ``torch==2.13.*``."""
     python_tag: str = "py3"
     """The wheel's interpreter tag: ``py3``, or ``cpXY`` for artifacts tied to one Python."""
+
+
+@dataclass
+class InputPlan:
+    """What export and verification need: samples, dims and a plain description."""
+
+    export_sample: Sample
+    verify_samples: list[tuple[str, Sample]]
+    """(label, sample) pairs; the label says which sizes were tried."""
+    dynamic_shapes: dict[str, Any] | None
+    """Keyed by ``forward`` parameter name, as ``torch.export.export`` accepts."""
+    dims: dict[str, tuple[int, int | None]]
+    """Named dynamic dims and their (min, max) as built."""
+    description: dict[str, Any]
+    """JSON-safe input description kept in the artifact's metadata."""
+    axis_names: list[dict[int, str]]
+    """Per tensor input, in flattening order: dim names by axis."""
+    rules: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Derived dims: ``samples = 320*frames`` is ``{"samples": ("frames", 320, 0)}``."""
+    values: list[tuple[float | None, float | None]] = field(default_factory=list)
+    """Per tensor input: the (low, high) of generated values, ``None`` for the generator's default."""
+    seed: int | None = None
+    """The seed :mod:`hatch_aoti.worker.generate` made the verification samples from; ``None`` for the project's own."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +88,7 @@ class Request:
     module: torch.nn.Module | None = None
     """The eager ``nn.Module`` (``None`` in compile helpers: see :attr:`Backend.in_helpers`)."""
     plan: InputPlan | None = None
-    """The model's :class:`hatch_aoti.worker.inputs.InputPlan`: example inputs and dynamic dims."""
+    """The model's :class:`InputPlan`: example inputs and dynamic dims."""
     loader: str = ""
     """Import name the generated loader has at run time (``my_pkg.compiled``)."""
     factory: str = ""
