@@ -29,6 +29,8 @@ from hatch_aoti.settings.registry import known
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)\Z")
+#: What ``_DEVICE`` accepts, as an ECMA-262 pattern for the JSON schema.
+DEVICE_PATTERN = "^(cpu|cuda(:[0-9]+)?)$"
 
 # -- value checks --------------------------------------------------------------------------
 
@@ -175,8 +177,10 @@ class TensorSpec:
         required="an array of sizes and dimension names",
         check=_shape,
     )
-    dtype: str = key("a torch dtype name (see below)", default="float32", check=_dtype)
-    device: str | None = key("device of this input", shown="the model's `device`", check=_device)
+    dtype: str = key("a torch dtype name (see below)", default="float32", check=_dtype, choices=tuple(DTYPES))
+    device: str | None = key(
+        "device of this input", shown="the model's `device`", check=_device, pattern=DEVICE_PATTERN
+    )
     low: float | None = key("lower bound of generated values (inclusive); not for `bool`", shown="`0` (integers)")
     high: float | None = key(
         "upper bound of generated values (exclusive for integers); not for `bool`", shown="`100` (integers)"
@@ -262,7 +266,7 @@ class ModelTable:
         factory=dict,
         shown="`{}`",
     )
-    device: str = key('`"cpu"`, `"cuda"` or `"cuda:N"`', default="cpu", check=_device)
+    device: str = key('`"cpu"`, `"cuda"` or `"cuda:N"`', default="cpu", check=_device, pattern=DEVICE_PATTERN)
     inductor_configs: dict[str, Any] = key(
         "Inductor settings over hatch-aoti's wheel defaults and the CPU target's (see [Inductor settings]"
         "(#inductor-settings)); dotted names, quoted or as nested tables",
@@ -280,6 +284,7 @@ class ModelTable:
         "`x86-64-v3`, `x86-64-v4`, `armv8-a` or `native` (see [Portable wheels](how-it-works.md#portable-wheels))",
         shown="the table's `cpu-target`",
         check=_cpu_target,
+        choices=CHOICES,
     )
     backend: str | None = key(
         "how the model is compiled and loaded (see [Backends](backends.md))",
@@ -291,6 +296,7 @@ class ModelTable:
         "`auto`: mapped from 32 MiB of weights (see [Large models](performance.md#large-models))",
         default="auto",
         check=_weights,
+        choices=WEIGHTS,
     )
     weights_url: str | None = key(
         '`weights = "external"`: where the weights file is served, `{file}` standing for its name '
@@ -309,6 +315,7 @@ class ModelTable:
         "build machine](#optimizing-for-the-build-machine))",
         shown="the table's `optimize`",
         check=_optimize,
+        choices=OPTIMIZE,
     )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
@@ -398,6 +405,7 @@ class Table:
         "default [CPU target](how-it-works.md#portable-wheels) of the models",
         shown="`x86-64-v3` on x86-64",
         check=_cpu_target,
+        choices=CHOICES,
     )
     backend: str = key(
         "default [backend](backends.md) of the models: `aoti`, `precompile` or an installed one",
@@ -409,6 +417,7 @@ class Table:
         "default `optimize` of the models (see [Optimizing for the build machine](#optimizing-for-the-build-machine))",
         default=PORTABLE,
         check=_optimize,
+        choices=OPTIMIZE,
     )
     weights_dir: str = key(
         'where a build writes the files of `weights = "external"` models, relative to the directory that '

@@ -69,6 +69,10 @@ class Key:
     """Further checks of a well-typed value: returns the value to keep, or ``INVALID``."""
     expected: str | None = None
     """What a value of the wrong type is told to be instead of the type's plain name."""
+    choices: tuple[str, ...] | None = None
+    """The values a closed key takes, for the JSON schema (``check`` refuses the others)."""
+    pattern: str | None = None
+    """The form of a closed key's values where they are too many to list, as an ECMA-262 pattern."""
 
 
 def key(
@@ -80,8 +84,10 @@ def key(
     required: str | None = None,
     check: Check | None = None,
     expected: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    pattern: str | None = None,
 ) -> Any:
-    meta = {"key": Key(doc, shown, required, check, expected)}
+    meta = {"key": Key(doc, shown, required, check, expected, choices, pattern)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
