@@ -127,7 +127,7 @@ def test_the_narrowest_pin_wins() -> None:
 
 def test_precompile_takes_any_range_but_no_rules() -> None:
     from hatch_aoti.backends.precompile import PrecompileBackend
-    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.settings.resolve import parse_settings
 
     table = {
         "models": {
@@ -146,7 +146,9 @@ def test_precompile_takes_any_range_but_no_rules() -> None:
 
 def test_what_a_backend_cannot_compile_is_listed_with_the_readers_problems() -> None:
     from hatch_aoti import backends
-    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
+    from hatch_aoti.settings.constants import HATCH_TABLE
+    from hatch_aoti.settings.reader import ConfigError
+    from hatch_aoti.settings.resolve import parse_settings
 
     table = {
         "backend": "precompile",
@@ -170,7 +172,9 @@ def test_what_a_backend_cannot_compile_is_listed_with_the_readers_problems() -> 
 
 
 def test_unknown_backends_are_named_with_the_installed_ones() -> None:
-    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
+    from hatch_aoti.settings.constants import HATCH_TABLE
+    from hatch_aoti.settings.reader import ConfigError
+    from hatch_aoti.settings.resolve import parse_settings
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"backend": "aotx", "models": {"m": {"factory": "a:b", "inputs": [], "backend": "tvm"}}})

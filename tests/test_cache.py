@@ -129,7 +129,7 @@ def test_without_a_cache_no_key_is_computed(monkeypatch: pytest.MonkeyPatch, tmp
     """HATCH_AOTI_NO_CACHE: the coordinator never computes a key (it costs a pass over the weights)."""
     torch = pytest.importorskip("torch")
     from hatch_aoti.pipeline.protocol import Cached, Job
-    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.settings.resolve import parse_settings
     from hatch_aoti.worker import fingerprint
     from hatch_aoti.worker.checks import Prepared
     from hatch_aoti.worker.coordinator import Coordinator
@@ -155,7 +155,7 @@ def test_keys_name_the_loader_and_factory_only_for_backends_that_compile_with_th
     library names nothing of the project, so projects share its entries."""
     torch = pytest.importorskip("torch")
     from hatch_aoti.pipeline.protocol import Job
-    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.settings.resolve import parse_settings
     from hatch_aoti.worker.checks import Prepared
     from hatch_aoti.worker.coordinator import Coordinator
     from hatch_aoti.worker.inputs import plan_declared

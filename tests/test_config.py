@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_aoti.settings.config import (
-    HATCH_TABLE,
-    ConfigError,
-    DimSpec,
-    ModelSpec,
-    TensorSpec,
-    parse_settings,
-)
+from hatch_aoti.settings.constants import HATCH_TABLE
+from hatch_aoti.settings.model import DimSpec, TensorSpec
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
+from hatch_aoti.settings.spec import ModelSpec
 
 M = f"{HATCH_TABLE}.models"
 
@@ -234,7 +231,7 @@ def test_target_settings_written_as_nested_tables_still_conflict() -> None:
 
 
 def test_the_table_path_is_the_one_the_user_wrote() -> None:
-    from hatch_aoti.settings.config import SETUPTOOLS_TABLE
+    from hatch_aoti.settings.constants import SETUPTOOLS_TABLE
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"models": {"m": {"factroy": "a:b", "inputs": []}}}, SETUPTOOLS_TABLE)
@@ -330,6 +327,52 @@ def test_what_json_schema_cannot_refuse_the_reader_refuses() -> None:
         model = {"factory": "a:b", "inputs": [{"shape": [1]}], **model}
         validator({**document, "tool": {"hatch-aoti": {"models": {"m": model}}}})
         assert f"{M}.m.{where}" in problems({"models": {"m": model}}), where
+
+
+def test_the_schema_refuses_what_closed_keys_do_not_take() -> None:
+    """``weights = "mapd"`` fails in validate-pyproject, before any build, as it fails in the reader."""
+    from validate_pyproject import api
+
+    validator, document = api.Validator(), {"project": {"name": "x", "version": "1"}}
+    model = {"factory": "a:b", "inputs": [{"shape": [1]}]}
+    for table, where in (
+        ({"models": {"m": {**model, "weights": "mapd"}}}, "weights"),
+        ({"models": {"m": {**model, "optimize": "fast"}}}, "optimize"),
+        ({"optimize": "hots", "models": {"m": model}}, "optimize"),
+        ({"cpu-target": "x86-64-v5", "models": {"m": model}}, "cpu-target"),
+        ({"models": {"m": {**model, "cpu-target": "avx2"}}}, "cpu-target"),
+        ({"models": {"m": {**model, "inputs": [{"shape": [1], "dtype": "float33"}]}}}, "dtype"),
+        ({"models": {"m": {**model, "device": "gpu"}}}, "device"),
+        ({"models": {"m": {**model, "kwargs": {"x": {"shape": [1], "device": "cuda:x"}}}}}, "device"),
+    ):
+        with pytest.raises(Exception, match=where) as info:
+            validator({**document, "tool": {"hatch-aoti": table}})
+        assert type(info.value).__name__ in ("ValidationError", "JsonSchemaValueException"), info.value
+        assert any(path.endswith(f".{where}") for path in problems(table)), where
+    validator({**document, "tool": {"hatch-aoti": {"models": {"m": {**model, "backend": "toy"}}}}})  # open
+
+
+def test_the_values_the_schema_lists_are_those_the_reader_takes() -> None:
+    """Each closed key's choices (or pattern) pass its check, and a value outside them does not."""
+    import re
+
+    from hatch_aoti.settings.model import ModelTable, Table
+    from hatch_aoti.settings.reader import Problems, toml_keys
+
+    closed = []
+    for cls in (Table, ModelTable, TensorSpec, DimSpec):
+        for name, f in toml_keys(cls).items():
+            meta = f.metadata["key"]
+            if meta.choices is None and meta.pattern is None:
+                continue
+            closed.append(f"{cls.__name__}.{name}")
+            taken = list(meta.choices or ()) or ["cpu", "cuda", "cuda:1"]
+            for value in [*taken, f"{taken[0]}x"]:
+                found = Problems()
+                meta.check(value, name, found)
+                listed = value in meta.choices if meta.choices else bool(re.match(meta.pattern, value))
+                assert listed == (not found.items), (cls.__name__, name, value, found.items)
+    assert len(closed) == 8, closed
 
 
 @pytest.mark.parametrize(

@@ -586,7 +586,9 @@ def test_dims_related_by_a_rule_build_and_are_enforced(fidelity: Runtime, fideli
 
 
 def test_rules_in_the_dynamic_table_are_checked() -> None:
-    from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
+    from hatch_aoti.settings.constants import HATCH_TABLE
+    from hatch_aoti.settings.reader import ConfigError
+    from hatch_aoti.settings.resolve import parse_settings
 
     def problems(dynamic: dict[str, Any]) -> dict[str, str]:
         table = {"models": {"m": {"factory": "a:b", "inputs": [{"shape": [2, "samples"]}], "dynamic": dynamic}}}
@@ -606,7 +608,7 @@ def test_rules_in_the_dynamic_table_are_checked() -> None:
 
 
 def test_the_relations_torch_suggests_are_read_from_its_message() -> None:
-    from hatch_aoti.settings.config import DimSpec
+    from hatch_aoti.settings.model import DimSpec
     from hatch_aoti.worker.inputs import suggested_rules
 
     message = textwrap.dedent("""\
@@ -658,8 +660,8 @@ def test_precompile_covers_its_whole_range_in_regions(fidelity: Runtime) -> None
 def test_a_guard_narrower_than_the_region_splits_it() -> None:
     import torch
 
+    from hatch_aoti.backends.interface import InputPlan
     from hatch_aoti.backends.precompile import _small_sizes_apart, _split
-    from hatch_aoti.worker.inputs import InputPlan
 
     plan = InputPlan(
         ((torch.ones(2, 3),), {"mask": torch.ones(2, 3)}),

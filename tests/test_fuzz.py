@@ -13,9 +13,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hatch_aoti.settings import config
-from hatch_aoti.settings.config import DTYPES, HATCH_TABLE, ConfigError, parse_settings
+from hatch_aoti.settings import reader
+from hatch_aoti.settings.constants import DTYPES, HATCH_TABLE
 from hatch_aoti.settings.cpu_targets import X86_64_V4
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
 
 VALID: dict[str, Any] = {
     "package": "pkg",
@@ -79,7 +81,7 @@ def _at(table: Any, where: tuple[Any, ...]) -> Any:
 def toml_path(where: tuple[Any, ...]) -> str:
     path = HATCH_TABLE
     for part in where:
-        path = f"{path}[{part}]" if isinstance(part, int) else config.toml_path(path, part)
+        path = f"{path}[{part}]" if isinstance(part, int) else reader.toml_path(path, part)
     return path
 
 

@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec
+from hatch_aoti.settings.model import DimSpec, TensorSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.worker.inputs import (
     InputError,
     normalise_samples,

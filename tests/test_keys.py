@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hatch_aoti.settings.config import parse_settings
+from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.worker.fingerprint import cache_key
 from hatch_aoti.worker.inputs import plan_declared
 

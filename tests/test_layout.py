@@ -29,8 +29,10 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def imports(name: str, *, top_level_only: bool = False) -> set[str]:
-    """What a module imports (the modules, not the names), at any depth of its code or at module level only."""
+def imports(name: str, *, top_level_only: bool = False, type_checking: bool = False) -> set[str]:
+    """What a module imports (the modules, not the names), at any depth of its code or at module level only;
+    ``type_checking`` counts the imports of ``if TYPE_CHECKING:`` blocks too, which never run but tie the
+    modules together all the same (for readers and type checkers)."""
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     if top_level_only:  # `if TYPE_CHECKING:` blocks never run
@@ -44,7 +46,7 @@ def imports(name: str, *, top_level_only: bool = False) -> set[str]:
             found |= submodules  # `from pkg import module`: the module (its package is a parent, not a peer)
             if len(submodules) < len(node.names):
                 found.add(node.module)
-    if not top_level_only:
+    if not top_level_only and not type_checking:
         found -= _type_checking_only(tree)
     return found
 
@@ -94,19 +96,93 @@ def test_the_build_backend_never_reaches_torch_or_the_worker(start: str) -> None
     assert not chains, "\n".join(chains)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Each module's imports within the package: lazy ones and ``TYPE_CHECKING`` ones included."""
+    return {name: {m for m in imports(name, type_checking=True) if m in MODULES and m != name} for name in MODULES}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other back, of any length: the strongly connected
+    components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def one_cycle(graph: dict[str, set[str]], members: list[str]) -> list[str]:
+    """A shortest way from the group's first module back to itself, inside the group, for the message."""
+    start, inside = members[0], set(members)
+    paths = {nxt: [start, nxt] for nxt in sorted(graph[start] & inside)}
+    todo = list(paths)
+    while start not in paths:
+        node = todo.pop(0)
+        for nxt in sorted(graph[node] & inside):
+            if nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                todo.append(nxt)
+    return paths[start]
+
+
+def test_the_circle_search_finds_circles_of_any_length() -> None:
+    ring = {f"m{i}": {f"m{(i + 1) % 20}"} for i in range(20)}
+    assert circles({**ring, "x": {"m0"}, "y": set()}) == [sorted(ring)]
+    assert one_cycle(ring, sorted(ring))[0] == one_cycle(ring, sorted(ring))[-1] == "m0"
+    assert len(one_cycle(ring, sorted(ring))) == 21
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
 def test_no_module_imports_itself_back() -> None:
-    graph = {name: {m for m in imports(name) if m in MODULES and m != name} for name in MODULES}
-    cycles = []
-    for start in graph:
-        stack = [(start, [start])]
-        while stack:
-            node, path = stack.pop()
-            for nxt in graph[node]:
-                if nxt == start:
-                    cycles.append(" -> ".join([*path, start]))
-                elif nxt not in path and len(path) < 8:
-                    stack.append((nxt, [*path, nxt]))
-    assert not cycles, "\n".join(sorted(set(cycles))[:10])
+    """Through any number of others, ``TYPE_CHECKING`` imports and imports inside functions counted."""
+    graph = import_graph()
+    found = [f"{' -> '.join(one_cycle(graph, group))} (all of {', '.join(group)})" for group in circles(graph)]
+    assert not found, "\n".join(found)
+
+
+def test_the_settings_and_the_backend_interface_stand_apart_from_their_users() -> None:
+    """The settings name nothing of the backends (their registry is the settings' own), and the public
+    backend interface nothing of the worker, whose modules import torch: ``TYPE_CHECKING`` imports and
+    imports inside functions counted."""
+    graph = import_graph()
+
+    def reached(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    for name in (m for m in MODULES if m.startswith("hatch_aoti.settings")):
+        assert not {m for m in reached(name) if m.startswith("hatch_aoti.backends")}, name
+    assert not {m for m in reached("hatch_aoti.backends.interface") if m.startswith("hatch_aoti.worker")}
 
 
 def test_the_front_ends_import_without_torch() -> None:

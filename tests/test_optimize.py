@@ -10,12 +10,16 @@ import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import TABLES, Runtime, build_no_isolation, write_project
 
+from hatch_aoti.backends.interface import ProgramFacts
 from hatch_aoti.pipeline import protocol
-from hatch_aoti.settings.config import ConfigError, ModelSpec, parse_settings
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, processes
 from hatch_aoti.worker.helpers import Outcome
 
@@ -25,6 +29,14 @@ MODEL = {"factory": "m:f", "inputs": [{"shape": [1, 3, 8, 8]}]}
 
 def specs(raw: dict) -> dict:
     return {s.name: s for s in parse_settings(raw, machine="x86_64", flags=set()).models}
+
+
+def exported(spec: ModelSpec, program: Any) -> tuple[ModelSpec, ProgramFacts]:
+    """The spec and the facts the coordinator has once the model is exported as ``program``."""
+    from hatch_aoti.worker.facts import program_facts, resolved_weights
+
+    facts = program_facts(program)
+    return resolved_weights(spec, facts), facts
 
 
 def problems(raw: dict) -> list[tuple[str, str]]:
@@ -83,19 +95,22 @@ def test_weights_are_packed_unless_they_cannot_ship_dense_or_their_products_are_
     transposed = torch.export.export(torch.nn.ConvTranspose2d(64, 64, 3), (torch.ones(1, 64, 56, 56),))
     backend = AotiBackend()
     for spec, cpu in ((host, resolve("native")), (portable, resolve("x86-64-v3"))):
-        plain, swapped = Coordinator.with_weights(spec, conv), Coordinator.with_weights(spec, transposed)
-        assert plain.repackable and not swapped.repackable
+        (plain, plain_facts), (swapped, swapped_facts) = exported(spec, conv), exported(spec, transposed)
+        assert plain_facts.repackable and not swapped_facts.repackable
         assert plain.weights == swapped.weights == "embedded", "small weights stay in the library, packed or not"
-        assert packs_weights(backend.settings({}, cpu, plain))
-        assert not packs_weights(backend.settings({}, cpu, swapped)), "transposed convolutions pack channels swapped"
-        assert packs_weights(backend.settings({"cpp.weight_prepack": True}, cpu, swapped)), "the user's say wins"
-    small = Coordinator.with_weights(portable, torch.export.export(torch.nn.Linear(128, 256), (torch.ones(4, 128),)))
-    assert small.weighted_macs == 4 * 128 * 256 and small.repackable
-    assert not packs_weights(backend.settings({}, resolve("x86-64-v3"), small)), "oneDNN's cost per call outweighs it"
-    assert packs_weights(backend.settings({"cpp.weight_prepack": True}, resolve("x86-64-v3"), small))
-    big = dataclasses.replace(Coordinator.with_weights(portable, conv), weights_bytes=2**30)
-    assert not backend.settings({}, resolve("x86-64-v3"), big)["freezing"]
-    assert backend.settings({}, resolve("native"), dataclasses.replace(big, optimize="host"))["freezing"]
+        assert packs_weights(backend.settings({}, cpu, plain, plain_facts))
+        swapped_settings = backend.settings({}, cpu, swapped, swapped_facts)
+        assert not packs_weights(swapped_settings), "transposed convolutions pack channels swapped"
+        user = backend.settings({"cpp.weight_prepack": True}, cpu, swapped, swapped_facts)
+        assert packs_weights(user), "the user's say wins"
+    small, facts = exported(portable, torch.export.export(torch.nn.Linear(128, 256), (torch.ones(4, 128),)))
+    assert facts.weighted_macs == 4 * 128 * 256 and facts.repackable
+    assert not packs_weights(backend.settings({}, resolve("x86-64-v3"), small, facts)), "oneDNN's cost outweighs it"
+    assert packs_weights(backend.settings({"cpp.weight_prepack": True}, resolve("x86-64-v3"), small, facts))
+    big, facts = exported(portable, conv)
+    facts = dataclasses.replace(facts, weights_bytes=2**30)
+    assert not backend.settings({}, resolve("x86-64-v3"), big, facts)["freezing"]
+    assert backend.settings({}, resolve("native"), dataclasses.replace(big, optimize="host"), facts)["freezing"]
     # packing needs freezing; Inductor packs by default whenever it freezes
     assert packs_weights({"freezing": True}) and not packs_weights({"cpp.weight_prepack": True})
     assert ModelSpec.from_json(json.loads(json.dumps(dataclasses.asdict(host)))) == host
@@ -105,7 +120,7 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
     import torch
 
     from hatch_aoti.backends.aoti import fast_defaults
-    from hatch_aoti.worker.coordinator import convolutions, weighted_macs
+    from hatch_aoti.worker.facts import convolutions, weighted_macs
 
     export, nn = torch.export.export, torch.nn
 
@@ -121,24 +136,24 @@ def test_the_work_that_decides_prepacking_is_counted_per_op_by_a_weight() -> Non
     # the linear layer: 4 outputs of 288; the convolutions are not matrix products
     small_convolutions = export(depthwise, (torch.ones(1, 8, 8, 8),))
     assert weighted_macs(small_convolutions) == 4 * 288 and convolutions(small_convolutions) == 2
-    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], small_convolutions)
-    assert fast_defaults(spec)["cpp.weight_prepack"] is True, "convolutions run on oneDNN packed or not"
+    spec, facts = exported(specs({"models": {"m": MODEL}})["m"], small_convolutions)
+    assert fast_defaults(spec, facts)["cpp.weight_prepack"] is True, "convolutions run on oneDNN packed or not"
     head = [nn.Linear(16, 16) for _ in range(3)]  # small products, more than the convolutions
     mixed = export(nn.Sequential(nn.Conv2d(3, 16, 3), nn.Flatten(), *head), (torch.ones(1, 3, 3, 3),))
-    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], mixed)
-    assert (spec.convolutions, spec.weighted_products) == (1, 3)
-    assert fast_defaults(spec)["cpp.weight_prepack"] is False, "packed small products lose more than it gains"
+    spec, facts = exported(specs({"models": {"m": MODEL}})["m"], mixed)
+    assert (facts.convolutions, facts.weighted_products) == (1, 3)
+    assert fast_defaults(spec, facts)["cpp.weight_prepack"] is False, "packed small products lose more than it gains"
     even = export(nn.Sequential(nn.Conv2d(3, 16, 3), nn.Flatten(), nn.Linear(16, 16)), (torch.ones(1, 3, 3, 3),))
-    spec = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], even)
-    assert fast_defaults(spec)["cpp.weight_prepack"] is False, "as many small products as convolutions"
+    spec, facts = exported(specs({"models": {"m": MODEL}})["m"], even)
+    assert fast_defaults(spec, facts)["cpp.weight_prepack"] is False, "as many small products as convolutions"
     batch = ({0: torch.export.Dim("batch", min=1, max=64)},)
     assert weighted_macs(export(nn.Linear(128, 256), (torch.ones(4, 128),), dynamic_shapes=batch)) == 4 * 128 * 256
     assert weighted_macs(export(MatMul(), (torch.ones(2, 16),))) == 2 * 32 * 16
     assert convolutions(export(MatMul(), (torch.ones(2, 16),))) == 0
     same = nn.Conv2d(3, 4, 3, padding="same")  # exported as ``aten.conv2d.padding``
     assert convolutions(export(same, (torch.ones(1, 3, 8, 8),))) == 1
-    unweighted = Coordinator.with_weights(specs({"models": {"m": MODEL}})["m"], export(nn.ReLU(), (torch.ones(2),)))
-    assert unweighted.weighted_macs is None and fast_defaults(unweighted)["cpp.weight_prepack"] is True
+    unweighted, facts = exported(specs({"models": {"m": MODEL}})["m"], export(nn.ReLU(), (torch.ones(2),)))
+    assert facts.weighted_macs is None and fast_defaults(unweighted, facts)["cpp.weight_prepack"] is True
 
 
 def miss(label: str, packs: bool | None, in_helpers: bool = True) -> Miss:

@@ -12,13 +12,15 @@ import pytest
 from conftest import REPO
 
 from hatch_aoti.pipeline.tagging import ElfNeeds, tag_for
-from hatch_aoti.settings.config import HATCH_TABLE, ConfigError, parse_settings
+from hatch_aoti.settings.constants import HATCH_TABLE
 from hatch_aoti.settings.cpu_targets import (
     X86_64_V3,
     X86_64_V4,
     default_target,
     resolve,
 )
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
 
 GOMP = {"libgomp.so.1": {"GOMP_4.0", "OMP_1.0", "GOMP_1.0"}, "libtorch_cpu.so": set()}
 

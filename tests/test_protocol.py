@@ -15,7 +15,8 @@ from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Child, watch
 from hatch_aoti.pipeline.core import BuildFailed, Coordination, Reporter
 from hatch_aoti.pipeline.protocol import HelperJob, Task
-from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.store.remote import Remote
 from hatch_aoti.worker.helpers import Helpers, shares
 

@@ -78,7 +78,7 @@ print(json.dumps([torch.__version__, requires("sample-models")]))
 
 def test_the_torch_requirement_is_stated_once_and_fits(tmp_path: Path) -> None:
     from hatch_aoti.pipeline.core import BuildFailed, torch_to_add
-    from hatch_aoti.settings.config import parse_settings
+    from hatch_aoti.settings.resolve import parse_settings
 
     settings = parse_settings({"models": {"m": {"factory": "a:b", "inputs": []}}}, machine="x86_64", flags=set())
     window = parse_settings(

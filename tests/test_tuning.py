@@ -14,7 +14,8 @@ import pytest
 from conftest import TABLES, Runtime, build_no_isolation, write_project
 
 from hatch_aoti.pipeline import protocol
-from hatch_aoti.settings.config import ConfigError, parse_settings
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.store.cache import CompileCache
 from hatch_aoti.store.tiers import Tiers
 from hatch_aoti.worker import tuning

@@ -12,12 +12,26 @@ from __future__ import annotations
 import importlib.metadata
 from typing import TYPE_CHECKING
 
-from hatch_aoti.backends.interface import BUILTIN, DEFAULT, GROUP, Backend, Pins, Request, known
+from hatch_aoti.backends.interface import Backend, InputPlan, Pins, ProgramFacts, Request
+from hatch_aoti.settings.registry import BUILTIN, DEFAULT, GROUP, known
 
 if TYPE_CHECKING:
-    from hatch_aoti.settings.config import ModelSpec
+    from hatch_aoti.settings.spec import ModelSpec
 
-__all__ = ["BUILTIN", "DEFAULT", "GROUP", "Backend", "Pins", "Request", "combined_pins", "get", "known", "problems"]
+__all__ = [
+    "BUILTIN",
+    "DEFAULT",
+    "GROUP",
+    "Backend",
+    "InputPlan",
+    "Pins",
+    "ProgramFacts",
+    "Request",
+    "combined_pins",
+    "get",
+    "known",
+    "problems",
+]
 
 
 def get(name: str) -> Backend:

@@ -6,12 +6,12 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hatch_aoti.backends.interface import Backend, Request
-from hatch_aoti.settings.config import HOST
+from hatch_aoti.backends.interface import Backend, ProgramFacts, Request
+from hatch_aoti.settings.constants import HOST
 
 if TYPE_CHECKING:
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
+    from hatch_aoti.settings.spec import ModelSpec
 
 
 class AotiBackend(Backend):
@@ -20,9 +20,11 @@ class AotiBackend(Backend):
     name = "aoti"
     in_helpers = True
 
-    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(
+        self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec, facts: ProgramFacts
+    ) -> dict[str, Any]:
         mapped = MAPPED_WEIGHTS if spec.weights in ("mapped", "external") and spec.device == "cpu" else {}
-        return inductor_configs({**fast_defaults(spec), **mapped, **user_configs}, cpu)
+        return inductor_configs({**fast_defaults(spec, facts), **mapped, **user_configs}, cpu)
 
     def compile(self, request: Request) -> dict[str, Any]:
         return compile_program(request.exported, request.out, request.settings, request.work)
@@ -73,16 +75,16 @@ FAST_DEFAULTS: dict[str, Any] = {
 REPACKED = frozenset({"mkldnn::_reorder_convolution_weight", "mkldnn::_reorder_linear_weight"})
 
 
-def fast_defaults(spec: ModelSpec) -> dict[str, Any]:
+def fast_defaults(spec: ModelSpec, facts: ProgramFacts) -> dict[str, Any]:
     """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense, or
     whose matrix products are too small to gain from packing and at least as many as its convolutions
     (which gain at any size), is not packed."""
     configs = dict(FAST_DEFAULTS)
-    macs = spec.weighted_macs
-    small = macs is not None and macs < PREPACK_FROM_MACS and spec.weighted_products >= spec.convolutions
-    if not spec.repackable or small:
+    macs = facts.weighted_macs
+    small = macs is not None and macs < PREPACK_FROM_MACS and facts.weighted_products >= facts.convolutions
+    if not facts.repackable or small:
         configs["cpp.weight_prepack"] = False
-    if spec.optimize != HOST and spec.weights_bytes is not None and spec.weights_bytes >= FREEZE_BELOW:
+    if spec.optimize != HOST and facts.weights_bytes is not None and facts.weights_bytes >= FREEZE_BELOW:
         configs["freezing"] = False
     return configs
 

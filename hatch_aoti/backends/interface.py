@@ -6,21 +6,18 @@ worker (for :meth:`Backend.compile`): a backend module must not import torch at 
 
 from __future__ import annotations
 
-import importlib.metadata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
 
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
-    from hatch_aoti.worker.inputs import InputPlan
+    from hatch_aoti.settings.spec import ModelSpec
 
-GROUP = "hatch_aoti.backends"
-BUILTIN = ("aoti", "precompile")
-DEFAULT = "aoti"
+#: One call's inputs: positional and keyword arguments.
+Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -31,6 +28,48 @@ class Pins:
     """``Requires-Dist`` on torch, e.g. ``torch==2.13.*``."""
     python_tag: str = "py3"
     """The wheel's interpreter tag: ``py3``, or ``cpXY`` for artifacts tied to one Python."""
+
+
+@dataclass
+class InputPlan:
+    """What export and verification need: samples, dims and a plain description."""
+
+    export_sample: Sample
+    verify_samples: list[tuple[str, Sample]]
+    """(label, sample) pairs; the label says which sizes were tried."""
+    dynamic_shapes: dict[str, Any] | None
+    """Keyed by ``forward`` parameter name, as ``torch.export.export`` accepts."""
+    dims: dict[str, tuple[int, int | None]]
+    """Named dynamic dims and their (min, max) as built."""
+    description: dict[str, Any]
+    """JSON-safe input description kept in the artifact's metadata."""
+    axis_names: list[dict[int, str]]
+    """Per tensor input, in flattening order: dim names by axis."""
+    rules: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Derived dims: ``samples = 320*frames`` is ``{"samples": ("frames", 320, 0)}``."""
+    values: list[tuple[float | None, float | None]] = field(default_factory=list)
+    """Per tensor input: the (low, high) of generated values, ``None`` for the generator's default."""
+    seed: int | None = None
+    """The seed :mod:`hatch_aoti.worker.generate` made the verification samples from; ``None`` for the project's own."""
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What the build learns of a model once it is exported, from its exported program: facts, not
+    settings (the worker makes them: :func:`hatch_aoti.worker.facts.program_facts`). The defaults
+    say that nothing is known."""
+
+    weights_bytes: int | None = None
+    """Bytes of the exported program's weights and constants (the size-based defaults use it)."""
+    repackable: bool = True
+    """Whether the weights Inductor packs for oneDNN can ship dense (see ``aoti.fast_defaults``)."""
+    weighted_macs: int | None = None
+    """Mean multiply-adds of the exported program's matrix products by a weight, at the example
+    inputs' sizes (a model exported at batch 1 counts batch 1)."""
+    weighted_products: int = 0
+    """How many matrix products by a weight the exported program has (those ``weighted_macs`` counts)."""
+    convolutions: int = 0
+    """How many convolutions by a weight the exported program has (those gain from packing at any size)."""
 
 
 @dataclass
@@ -49,13 +88,15 @@ class Request:
     module: torch.nn.Module | None = None
     """The eager ``nn.Module`` (``None`` in compile helpers: see :attr:`Backend.in_helpers`)."""
     plan: InputPlan | None = None
-    """The model's :class:`hatch_aoti.worker.inputs.InputPlan`: example inputs and dynamic dims."""
+    """The model's :class:`InputPlan`: example inputs and dynamic dims."""
     loader: str = ""
     """Import name the generated loader has at run time (``my_pkg.compiled``)."""
     factory: str = ""
     """``module:attr`` of the model's factory."""
     spec: ModelSpec | None = None
-    """The model's :class:`hatch_aoti.settings.config.ModelSpec` (its ``dynamic`` table as declared, say)."""
+    """The model's :class:`hatch_aoti.settings.spec.ModelSpec` (its ``dynamic`` table as declared, say)."""
+    facts: ProgramFacts | None = None
+    """What :attr:`exported` says of the model (its weights' size, say)."""
 
 
 class Backend:
@@ -71,11 +112,14 @@ class Backend:
     #: import name, and its cache key includes that name and the factory's: files may refer to them.
     in_helpers: ClassVar[bool] = False
 
-    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(
+        self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec, facts: ProgramFacts
+    ) -> dict[str, Any]:
         """The settings a model compiles with (shown by ``info()`` and part of the cache key).
 
         ``user_configs`` are the model's ``inductor-configs``, ``cpu`` its resolved CPU
-        target, ``spec`` its :class:`hatch_aoti.settings.config.ModelSpec`.
+        target, ``spec`` its :class:`hatch_aoti.settings.spec.ModelSpec`, ``facts`` what its
+        exported program says of it.
         """
         return dict(user_configs)
 
@@ -99,9 +143,3 @@ class Backend:
         from hatch_aoti.pipeline.tagging import torch_series
 
         return Pins(torch_series(torch_version))
-
-
-def known() -> list[str]:
-    """Names of the installed backends, without importing them."""
-    names = {ep.name for ep in importlib.metadata.entry_points(group=GROUP)}
-    return [*BUILTIN, *sorted(names - set(BUILTIN))]

@@ -17,17 +17,19 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hatch_aoti.backends.interface import Backend, Pins, Request
+from hatch_aoti.backends.interface import Backend, Pins, ProgramFacts, Request
 
 if TYPE_CHECKING:
-    from hatch_aoti.settings.config import ModelSpec
     from hatch_aoti.settings.cpu_targets import CpuTarget
+    from hatch_aoti.settings.spec import ModelSpec
 
 
 class PrecompileBackend(Backend):
     name = "precompile"
 
-    def settings(self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec) -> dict[str, Any]:
+    def settings(
+        self, user_configs: dict[str, Any], cpu: CpuTarget, spec: ModelSpec, facts: ProgramFacts
+    ) -> dict[str, Any]:
         from hatch_aoti.backends.aoti import inductor_configs
 
         return inductor_configs(user_configs, cpu)

@@ -23,7 +23,8 @@ RESERVED_KEYS = frozenset(
 def hook_settings(config: dict[str, Any]) -> Any:
     """The hook table's settings (keys hatchling reads itself left out)."""
     from hatch_aoti import backends
-    from hatch_aoti.settings.config import HATCH_TABLE, parse_settings
+    from hatch_aoti.settings.constants import HATCH_TABLE
+    from hatch_aoti.settings.resolve import parse_settings
 
     table = {k: v for k, v in config.items() if k not in RESERVED_KEYS}
     return parse_settings(table, HATCH_TABLE, backend_check=backends.problems)
@@ -40,7 +41,7 @@ class AotiBuildHook(BuildHookInterface):
         if self.target_name != "wheel":
             return
         from hatch_aoti.pipeline.core import BuildFailed
-        from hatch_aoti.settings.config import ConfigError
+        from hatch_aoti.settings.reader import ConfigError
 
         try:
             self._build(version, build_data)

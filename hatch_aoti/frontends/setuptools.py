@@ -78,11 +78,9 @@ def settings_of(dist: Any) -> Any:
     """The table's settings, read once per build; problems end the build without a traceback."""
     if not hasattr(dist, "hatch_aoti_settings"):
         from hatch_aoti import backends
-        from hatch_aoti.settings.config import (
-            SETUPTOOLS_TABLE,
-            ConfigError,
-            parse_settings,
-        )
+        from hatch_aoti.settings.constants import SETUPTOOLS_TABLE
+        from hatch_aoti.settings.reader import ConfigError
+        from hatch_aoti.settings.resolve import parse_settings
 
         try:
             table = dist.hatch_aoti_table
@@ -100,7 +98,7 @@ def _require_torch(dist: Any) -> None:
         torch_to_add,
         wheel_pins,
     )
-    from hatch_aoti.settings.config import ConfigError
+    from hatch_aoti.settings.reader import ConfigError
 
     requires = list(dist.install_requires or ())
     try:
@@ -171,7 +169,7 @@ class build_aoti(Command):
 
     def run(self) -> None:
         from hatch_aoti.pipeline import core as pipeline
-        from hatch_aoti.settings.config import ConfigError
+        from hatch_aoti.settings.reader import ConfigError
 
         settings = settings_of(self.distribution)
         root = Path(self.distribution.src_root or os.curdir).absolute()

@@ -24,7 +24,8 @@ from typing import Any
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Child, watch
-from hatch_aoti.settings.config import ConfigError, Settings, model_path
+from hatch_aoti.settings.reader import ConfigError, model_path
+from hatch_aoti.settings.spec import Settings
 from hatch_aoti.store.owned import OwnedDir, sweep
 from hatch_aoti.store.remote import Remote
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from hatch_aoti.pipeline import manifest
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
-from hatch_aoti.settings.config import Settings
+from hatch_aoti.settings.spec import Settings
 
 #: A package index's default limit per file (PyPI's): above it, the build says how to stay under.
 INDEX_LIMIT = 100 * 10**6

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.store.remote import Remote
 
 # -- jobs ----------------------------------------------------------------------------------

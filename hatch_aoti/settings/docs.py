@@ -1,4 +1,4 @@
-"""The configuration reference and the JSON schema, generated from the settings classes in ``config.py``.
+"""The configuration reference and the JSON schema, generated from the settings classes in ``model.py``.
 
 ``python -m hatch_aoti.settings.docs`` prints the tables; ``--write`` puts them into
 ``docs/configuration.md`` between their markers and writes ``docs/hatch-aoti.schema.json``.
@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from hatch_aoti.settings.config import DimSpec, ModelTable, Table, TensorSpec, reference
+from hatch_aoti.settings.model import DimSpec, ModelTable, Table, TensorSpec
+from hatch_aoti.settings.reader import reference
 from hatch_aoti.settings.schema import tool_schema
 
 TABLES = {"config:table": Table, "config:model": ModelTable, "config:input": TensorSpec, "config:dim": DimSpec}

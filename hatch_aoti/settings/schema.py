@@ -1,9 +1,11 @@
 """A JSON schema of ``[tool.hatch-aoti]``, made from the same settings classes as the reader.
 
 validate-pyproject finds it through its ``validate_pyproject.tool_schema`` entry point, and
-editors through ``docs/hatch-aoti.schema.json``: a misspelt key fails there, before any build.
-The reader stays the authority; the schema checks keys and types, not the rules across them, and
-JSON Schema takes ``2.0`` for an integer and cannot name ``nan``, both of which the reader refuses.
+editors through ``docs/hatch-aoti.schema.json``: a misspelt key or a value outside a closed key's
+choices (``weights``, ``optimize``, ``cpu-target``, ``dtype``, the form of ``device``) fails there,
+before any build. ``backend`` stays open: installed packages add backends. The reader stays the
+authority; the schema checks keys, types and choices, not the rules across them, and JSON Schema
+takes ``2.0`` for an integer and cannot name ``nan``, both of which the reader refuses.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import types
 import typing
 from typing import Any
 
-from hatch_aoti.settings.config import Key, Table, toml_keys
+from hatch_aoti.settings.model import Table
+from hatch_aoti.settings.reader import Key, toml_keys
 
 ID = "urn:hatch-aoti:tool.hatch-aoti"
-#: What :func:`hatch_aoti.settings.config.is_identifier` accepts, as an ECMA-262 pattern.
+#: What :func:`hatch_aoti.settings.reader.is_identifier` accepts, as an ECMA-262 pattern.
 IDENTIFIER = f"^(?!(?:{'|'.join(keyword.kwlist)})$)[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -34,7 +37,7 @@ def tool_schema(tool_name: str = "hatch-aoti") -> dict[str, Any]:
 
 
 def of_type(tp: Any) -> dict[str, Any]:
-    """The schema of one settings type, as :func:`hatch_aoti.settings.config.conform` reads it."""
+    """The schema of one settings type, as :func:`hatch_aoti.settings.reader.conform` reads it."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         options = [of_type(a) for a in args if a is not type(None)]
@@ -60,6 +63,10 @@ def _table(cls: type) -> dict[str, Any]:
     for name, f in toml_keys(cls).items():
         meta: Key = f.metadata["key"]
         properties[name] = {"description": meta.doc, **of_type(hints[f.name])}
+        if meta.choices is not None:
+            properties[name]["enum"] = list(meta.choices)
+        if meta.pattern is not None:
+            properties[name]["pattern"] = meta.pattern
         if meta.required:
             required.append(name)
     return {

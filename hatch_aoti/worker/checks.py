@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hatch_aoti.settings.config import ModelSpec, did_you_mean
+from hatch_aoti.settings.reader import did_you_mean
+from hatch_aoti.settings.spec import ModelSpec
 
 Problem = tuple[str, str]
 

@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from hatch_aoti.backends.aoti import packs_weights
+from hatch_aoti.backends.interface import ProgramFacts
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Parent
 from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
-from hatch_aoti.settings.config import ModelSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
 from hatch_aoti.worker.bootstrap import setup
 from hatch_aoti.worker.checks import Prepared, check_model
+from hatch_aoti.worker.facts import program_facts, resolved_weights, weights_size
 from hatch_aoti.worker.helpers import Helpers, Outcome, lasting, shares
 
 
@@ -77,6 +79,8 @@ class Coordinator:
         self.factories: dict[str, str] = {}
         self.signatures: dict[str, list[dict[str, Any]]] = {}
         self.tunings: dict[str, Any] = {}
+        self.facts: dict[str, ProgramFacts] = {}
+        """What each model's exported program says of it, by model."""
 
     def run(self, specs: list[ModelSpec]) -> None:
         self.factories = {spec.name: spec.factory for spec in specs}
@@ -116,8 +120,9 @@ class Coordinator:
         self.name_foreign_containers(spec.name, exported)
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
-        spec = model.spec = self.with_weights(model.spec, exported)
-        settings = backend.settings(model.user_configs, cpu, spec)
+        facts = self.facts[spec.name] = program_facts(exported)
+        spec = model.spec = resolved_weights(model.spec, facts)
+        settings = backend.settings(model.user_configs, cpu, spec, facts)
         if not spec.tune:
             miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
             return [miss] if miss else []
@@ -138,21 +143,6 @@ class Coordinator:
         foreign = [m for m in found if m.partition(".")[0] != self.job.package.partition(".")[0]]
         if foreign:  # the project's own package is no dependency
             self.emit(protocol.Info(f"{name}: {FOREIGN_CONTAINERS.format(', '.join(foreign))}"))
-
-    @staticmethod
-    def with_weights(spec: ModelSpec, exported: Any) -> ModelSpec:
-        """``weights = "auto"`` resolved by size, and what the exported program says of its weights."""
-        size, products = weights_size(exported), product_macs(exported)
-        weights = auto_weights(spec, size) if spec.weights == "auto" else spec.weights
-        return dataclasses.replace(
-            spec,
-            weights=weights,
-            weights_bytes=size,
-            repackable=repackable(exported),
-            weighted_macs=mean_macs(products),
-            weighted_products=len(products),
-            convolutions=convolutions(exported),
-        )
 
     def look_up(
         self, model: Prepared, exported: Any, backend: Any, cpu: Any, label: str, configs: dict[str, Any], start: float
@@ -311,6 +301,7 @@ class Coordinator:
             loader=self.loader_name,
             factory=miss.model.spec.factory,
             spec=miss.model.spec,
+            facts=self.facts.get(miss.name),
         )
         try:
             files = miss.backend.compile(request)
@@ -746,15 +737,6 @@ def _head(tensor: Any, size: int) -> bytes:
     return ctypes.string_at(tensor.data_ptr(), min(size, tensor.nbytes))
 
 
-#: ``weights = "auto"``: mapped from this size; below it, the library keeps them (one file,
-#: the standard ``.pt2`` from ``save_pt2()``), and the copy they cost at load is small.
-AUTO_MAPPED_FROM = 32 * 2**20
-
-
-def auto_weights(spec: ModelSpec, size: int) -> str:
-    return "mapped" if spec.device == "cpu" and size >= AUTO_MAPPED_FROM else "embedded"
-
-
 def processes(misses: list[Miss], jobs: int) -> list[list[str]]:
     """The labels each process compiles, the coordinator's first, at most ``jobs`` processes in all.
 
@@ -786,93 +768,6 @@ CANNOT_SHARE = (
     "beside this build's other models: one prepacks weights and the other does not, which Inductor decides "
     "once per process; build it on its own, or give the models the same `cpp.weight_prepack`"
 )
-
-
-def repackable(exported: Any) -> bool:
-    """Whether the weights Inductor packs for oneDNN can ship as the dense tensors they come from:
-    not those of transposed convolutions (packed with their channels swapped) or quantized ones."""
-    import torch
-
-    for node in exported.graph.nodes:
-        name = str(node.target)
-        if "conv_transpose" in name or "quantize" in name or "onednn" in name:
-            return False
-        if node.target is torch.ops.aten.convolution.default and len(node.args) > 6 and node.args[6]:
-            return False
-    return True
-
-
-def weighted_macs(exported: Any) -> int | None:
-    """Mean multiply-adds of the program's matrix products by a weight (the products Inductor can
-    pack), sizes that vary taken at their example's; None where it has none."""
-    return mean_macs(product_macs(exported))
-
-
-def mean_macs(counts: list[int]) -> int | None:
-    """The mean of ``product_macs``; None where there are none."""
-    return sum(counts) // len(counts) if counts else None
-
-
-def product_macs(exported: Any) -> list[int]:
-    """Multiply-adds of each of the program's matrix products by a weight. Products by a weight that is
-    first reshaped or expanded (``einsum``, ``bmm``) are not counted, nor one whose size has no example."""
-    import torch
-
-    aten = torch.ops.aten
-    #: where each op takes its weight, and the weight's dimension its output's elements sum over
-    weight_at: dict[Any, tuple[int, int]] = {aten.linear.default: (1, 1), aten.mm.default: (1, 0)}
-    weight_at |= {aten.addmm.default: (2, 0), aten.matmul.default: (1, -2)}
-    weights = _weight_names(exported)
-    counts = []
-    for node in exported.graph.nodes:
-        at, inner = weight_at.get(node.target, (None, 0))
-        if at is None or len(node.args) <= at or getattr(node.args[at], "name", None) not in weights:
-            continue
-        out, weight = node.meta.get("val"), node.args[at].meta.get("val")
-        with contextlib.suppress(Exception):  # a size without an example
-            counts.append(_example(out.numel()) * _example(weight.shape[inner]))
-    return counts
-
-
-def convolutions(exported: Any) -> int:
-    """How many convolutions by a weight the program has: oneDNN runs those packed or not, so packing
-    their weights once saves a reorder per call at any size."""
-    import torch
-
-    aten = torch.ops.aten
-    ops = {aten.convolution, aten.conv1d, aten.conv2d, aten.conv3d}  # every overload: padding="same" too
-    weights = _weight_names(exported)
-    return sum(_convolution_weight(n, ops) in weights for n in exported.graph.nodes)
-
-
-def _convolution_weight(node: Any, ops: set[Any]) -> str | None:
-    """The name of the weight a convolution node convolves by, or None for any other node."""
-    if getattr(node.target, "_overloadpacket", None) not in ops or len(node.args) < 2:
-        return None
-    return getattr(node.args[1], "name", None)
-
-
-def _weight_names(exported: Any) -> set[str]:
-    """The graph inputs that hold the program's weights (parameters, buffers, constants)."""
-    signature = exported.graph_signature
-    weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
-    return weights | set(signature.inputs_to_lifted_tensor_constants)
-
-
-def _example(size: Any) -> int:
-    """A size, or a symbolic one's value in the example it was traced with."""
-    return size if isinstance(size, int) else int(size.node.hint)
-
-
-def weights_size(exported: Any) -> int:
-    """Bytes of an exported program's weights and constants."""
-    import torch
-
-    total = 0
-    for tensor in [*exported.state_dict.values(), *exported.constants.values()]:
-        with contextlib.suppress(Exception):  # tensor subclasses may have no storage of their own
-            total += tensor.untyped_storage().nbytes() if isinstance(tensor, torch.Tensor) else 0
-    return total
 
 
 def describe_rules(rules: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hatch_aoti.settings.config import INTEGER_DEFAULTS
+from hatch_aoti.settings.constants import INTEGER_DEFAULTS
 
 
 def generator(seed: int) -> torch.Generator:

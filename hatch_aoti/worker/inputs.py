@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from hatch_aoti.loader.schema import Dim, Leaf, Output
-from hatch_aoti.settings.config import DimSpec, ModelSpec, TensorSpec, parse_rule
+from hatch_aoti.backends.interface import InputPlan, Sample
+from hatch_aoti.settings.constants import parse_rule
+from hatch_aoti.settings.model import DimSpec, TensorSpec
+from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.worker import generate
-
-Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class InputError(Exception):
@@ -27,29 +27,6 @@ class InputError(Exception):
     def __init__(self, key: str, message: str) -> None:
         self.key = key
         super().__init__(message)
-
-
-@dataclass
-class InputPlan:
-    """What export and verification need: samples, dims and a plain description."""
-
-    export_sample: Sample
-    verify_samples: list[tuple[str, Sample]]
-    """(label, sample) pairs; the label says which sizes were tried."""
-    dynamic_shapes: dict[str, Any] | None
-    """Keyed by ``forward`` parameter name, as ``torch.export.export`` accepts."""
-    dims: dict[str, tuple[int, int | None]]
-    """Named dynamic dims and their (min, max) as built."""
-    description: dict[str, Any]
-    """JSON-safe input description kept in the artifact's metadata."""
-    axis_names: list[dict[int, str]]
-    """Per tensor input, in flattening order: dim names by axis."""
-    rules: dict[str, tuple[str, int, int]] = field(default_factory=dict)
-    """Derived dims: ``samples = 320*frames`` is ``{"samples": ("frames", 320, 0)}``."""
-    values: list[tuple[float | None, float | None]] = field(default_factory=list)
-    """Per tensor input: the (low, high) of generated values, ``None`` for the generator's default."""
-    seed: int | None = None
-    """The seed :mod:`hatch_aoti.worker.generate` made the verification samples from; ``None`` for the project's own."""
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
