@@ -16,8 +16,9 @@ from conftest import TABLES, Runtime, build_no_isolation, write_project
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.settings.config import ConfigError, ModelSpec, parse_settings
-from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, processes
+from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator
 from hatch_aoti.worker.helpers import Outcome
+from hatch_aoti.worker.split import Miss, mixes_packing, processes
 
 HATCH = TABLES["hatch"]
 MODEL = {"factory": "m:f", "inputs": [{"shape": [1, 3, 8, 8]}]}

@@ -17,7 +17,8 @@ from hatch_aoti.pipeline.core import BuildFailed, Coordination, Reporter
 from hatch_aoti.pipeline.protocol import HelperJob, Task
 from hatch_aoti.settings.config import ConfigError, parse_settings
 from hatch_aoti.store.remote import Remote
-from hatch_aoti.worker.helpers import Helpers, shares
+from hatch_aoti.worker.helpers import Helpers
+from hatch_aoti.worker.split import shares
 
 FAKES = [sys.executable, str(Path(__file__).with_name("fakes.py"))]
 
