@@ -7,7 +7,7 @@ Runs inside the worker (it imports torch). A *sample* is always normalised to
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,6 +324,45 @@ def plan_from_samples(model: ModelSpec, samples: list[Sample], param_names: list
     )
 
 
+@dataclass
+class Planned:
+    """A model's input plan, with what its checks and a second export need of it."""
+
+    plan: InputPlan
+    replan: Callable[[ModelSpec], InputPlan]
+    """The plan again, for the spec with other ``dynamic`` entries (the rules export suggests)."""
+    export_label: str | None
+    """The sample export uses, named as the user knows it (``sample N`` of ``example-inputs``); ``None``
+    for declared inputs."""
+
+
+def plan_model(model: ModelSpec, param_names: list[str], returned: Any = None) -> Planned:
+    """The model's input plan in one pass: from its declared ``inputs``, or from what its ``example-inputs``
+    returned (``returned``: its samples are normalised once, and kept for a plan made again). An
+    :class:`InputError` names the key at fault."""
+    if model.example_inputs is None:
+
+        def replan(spec: ModelSpec) -> InputPlan:
+            return plan_declared(spec, param_names)
+
+    else:
+        samples = normalise_samples(returned)
+
+        def replan(spec: ModelSpec) -> InputPlan:
+            return plan_from_samples(spec, samples, param_names)
+
+    plan = replan(model)
+    return Planned(plan, replan, _export_label(plan))
+
+
+def _export_label(plan: InputPlan) -> str | None:
+    """``sample N`` where export uses one of ``example-inputs``' samples; else ``None``."""
+    for label, sample in plan.verify_samples:
+        if sample is plan.export_sample and label.startswith("sample"):
+            return label
+    return None
+
+
 _FIX_DIM = re.compile(r"^(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)$")
 _FIX_RULE = re.compile(r"^(\w+) = (.+)$")
 
@@ -432,5 +471,7 @@ __all__ = [
     "normalise_samples",
     "plan_declared",
     "plan_from_samples",
+    "plan_model",
+    "Planned",
     "describe_rules",
 ]
