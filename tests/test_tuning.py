@@ -242,6 +242,8 @@ def test_a_tuned_build_times_every_candidate_and_keeps_one(
     assert "aoti: mlp: tuning 4 candidates: defaults, cpp-gemm, concat-linear, no-freezing" in log, log
     for name in ("defaults", "cpp-gemm", "concat-linear", "no-freezing"):
         assert re.search(rf"^aoti: mlp: candidate {name}: [0-9.]+ ms per call, verified$", log, re.M), log
+    assert re.search(r"^aoti: \[1/1\] mlp: timing its candidates$", log, re.M), log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 compiled\)$", log, re.M), log
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
@@ -278,7 +280,8 @@ def test_a_tuned_rebuild_takes_every_candidate_from_the_cache(tuned_build: tuple
     out = project / "dist-again"
     proc = build_no_isolation(project, out, env={**os.environ})
     log = proc.stdout + proc.stderr
-    assert log.count("ms per call, from cache") == 4 and "aoti: mlp: from cache in" in log, log
+    assert log.count("ms per call, from cache") == 4 and "aoti: [1/1] mlp: from cache in" in log, log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 from the cache\)$", log, re.M), log
     (again,) = out.glob("*.whl")
     assert again.read_bytes() == wheel.read_bytes()
     with zipfile.ZipFile(again) as zf:

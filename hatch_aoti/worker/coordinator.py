@@ -243,6 +243,8 @@ class Coordinator:
                 tasks.append(saved)
         if tasks:
             self.emit(protocol.Info(f"{len(misses)} models to compile: {len(tasks) + 1} processes in parallel"))
+        for task in (task for group in tasks for task in group):  # the helpers' models compile from now on
+            self.emit(protocol.Stage(by_name[task.model].name, "compile"))
         helpers = Helpers(self.stage, HelperJob([], "", self.job.sys_path, self.job.cwd, self.job.cache))
         try:
             helpers.start(tasks)
