@@ -26,8 +26,8 @@ def test_the_wheel_pins_what_its_strictest_model_needs(mixed_wheel: tuple[Path, 
     assert "Requires-Dist: torch==2.13.0\n" in metadata, "an exact torch: precompiled code loads on no other"
     assert "mixpkg/_aoti/runtime/export.py" in names, "the third-party backend's run-time module ships"
     assert "mixpkg/_aoti/runtime/precompile.py" not in names
-    for model in ("fast", "guarded", "batched", "plain"):
-        assert f"aoti: {model}: compiled in" in output
+    for place, model in enumerate(("fast", "guarded", "batched", "plain"), start=1):
+        assert f"aoti: [{place}/4] {model}: compiled in" in output
 
 
 def test_the_builtin_backends_keep_inductors_precompiled_headers_in_the_store(mixed_wheel: tuple[Path, str]) -> None:

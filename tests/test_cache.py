@@ -334,16 +334,16 @@ def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime
     url = f"s3://{bucket}/fleet"
     fleet = {**s3.env, "HATCH_AOTI_REMOTE_CACHE": url}
     first, cold = build(fleet)
-    assert "aoti: net: compiled in" in first and f"remote cache: {url} (read-write)" in first
+    assert "aoti: [1/1] net: compiled in" in first and f"remote cache: {url} (read-write)" in first
     uploaded = bucket_objects(s3, bucket)
     assert len([k for k in uploaded if "/entries/" in k]) == 1, "compiled and verified here, then uploaded"
     again, wheel = build(fleet)
-    assert "aoti: net: from cache in" in again and "compiled in" not in again
+    assert "aoti: [1/1] net: from cache in" in again and "compiled in" not in again
     assert wheel.read_bytes() == cold.read_bytes(), "a wheel from the cache is the wheel that was compiled"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "same") < 1e-6
 
     output, wheel = build({**fleet, "HATCH_AOTI_CACHE_DIR": str(tmp_path / "empty")})  # the next machine
-    assert "aoti: net: from the remote cache in" in output and "compiled in" not in output, output
+    assert "aoti: [1/1] net: from the remote cache in" in output and "compiled in" not in output, output
     assert wheel.read_bytes() == cold.read_bytes(), "a wheel from the remote tier is the wheel that was compiled"
     assert bucket_objects(s3, bucket) == uploaded, "a hit writes nothing"
 
@@ -355,7 +355,7 @@ def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime
     s3.client().put_object(Bucket=bucket, Key=blob, Body=flipped)
     damaged = bucket_objects(s3, bucket)
     output, wheel = build({**fleet, "HATCH_AOTI_REMOTE_CACHE_MODE": "read-only"})
-    assert "aoti: net: compiled in" in output, "a damaged entry is rebuilt, never shipped"
+    assert "aoti: [1/1] net: compiled in" in output, "a damaged entry is rebuilt, never shipped"
     assert "the remote compile cache's entry is damaged" in output and "does not match its digest" in output
     assert bucket_objects(s3, bucket) == damaged, "a read-only build writes nothing"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "rebuilt") < 1e-6
@@ -364,7 +364,7 @@ def test_rebuilds_hit_and_changes_or_damage_miss(cached_builds, runtime: Runtime
 
     down = {**fleet, "AWS_ENDPOINT_URL": closed_port(), "HATCH_AOTI_REMOTE_CACHE_TIMEOUT": "5"}
     output, wheel = build(down, configs='"aot_inductor.enable_line_tables" = true')
-    assert "aoti: net: compiled in" in output, "a change of settings must miss the cache"
+    assert "aoti: [1/1] net: compiled in" in output, "a change of settings must miss the cache"
     assert output.count(f"the remote compile cache at {url} failed") == 1, "a store that is down: said once"
     assert wheel_matches_eager(runtime, wheel, tmp_path / "configs") < 1e-6, "the wheel holds the new model"
     assert debug_sections_in(wheel, tmp_path / "lines"), "the user's setting wins over hatch-aoti's default"
@@ -430,11 +430,11 @@ def test_a_failing_model_does_not_cost_the_others_their_compile(
     assert failed.returncode != 0 and "Traceback" not in text
     assert not list((tmp_path / "first").glob("dist/*.whl")), "no wheel on failure"
     assert "aoti: 2 models to compile: 2 processes in parallel" in text
-    assert "aoti: good: compiled in" in text
+    assert "aoti: [1/2] good: compiled in" in text
     assert f"model 'noisy' ({M}.noisy) failed at verify" in text
     assert "differs from eager on example inputs [[64]]" in text and "max abs err" in text
     assert len(CompileCache(tmp_path / "cache").entries()) == 1, "the model that passed is kept"
 
     fixed = build("false", "fixed")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "aoti: good: from cache in" in fixed.stderr and "aoti: noisy: compiled in" in fixed.stderr
+    assert "aoti: [1/2] good: from cache in" in fixed.stderr and "aoti: [2/2] noisy: compiled in" in fixed.stderr

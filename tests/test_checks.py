@@ -62,7 +62,7 @@ def test_index_inputs_are_found_through_views_that_keep_their_values() -> None:
     """``view.dtype`` reinterprets the bytes: its values are not the input's, so they are not checked."""
     import torch
 
-    from hatch_aoti.worker.inputs import index_rows
+    from hatch_aoti.worker.entry import index_rows
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:

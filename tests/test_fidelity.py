@@ -541,7 +541,7 @@ def test_the_build_records_the_outputs_eager_makes_as_views_of_an_input() -> Non
     tensor eager's ``reshape`` copies) nor any computation."""
     import torch
 
-    from hatch_aoti.worker.inputs import describe_outputs
+    from hatch_aoti.worker.entry import describe_outputs
 
     class Outputs(torch.nn.Module):
         def forward(self, x: Any, y: Any) -> Any:

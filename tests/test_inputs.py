@@ -156,7 +156,7 @@ def test_verify_remakes_the_builds_inputs_from_the_manifest() -> None:
     from torch.utils import _pytree as pytree
 
     from hatch_aoti.cli import calls
-    from hatch_aoti.worker.inputs import call_spec, describe_call
+    from hatch_aoti.worker.entry import call_spec, describe_call
 
     class Model(torch.nn.Module):
         def forward(self, tokens, scale, *, mask):

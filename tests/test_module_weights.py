@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from hatch_aoti.worker.coordinator import use_module_weights
+from hatch_aoti.worker.module_weights import use_module_weights
 
 
 def weights_file(directory: Path, storages: dict[str, torch.Tensor], views: dict[str, tuple[str, Any]]) -> dict:

@@ -20,8 +20,9 @@ from hatch_aoti.pipeline import protocol
 from hatch_aoti.settings.reader import ConfigError
 from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.settings.spec import ModelSpec
-from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator, Miss, mixes_packing, processes
+from hatch_aoti.worker.coordinator import CANNOT_SHARE, Coordinator
 from hatch_aoti.worker.helpers import Outcome
+from hatch_aoti.worker.split import Miss, mixes_packing, processes
 
 HATCH = TABLES["hatch"]
 MODEL = {"factory": "m:f", "inputs": [{"shape": [1, 3, 8, 8]}]}

@@ -18,7 +18,8 @@ from hatch_aoti.pipeline.protocol import HelperJob, Task
 from hatch_aoti.settings.reader import ConfigError
 from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.store.remote import Remote
-from hatch_aoti.worker.helpers import Helpers, shares
+from hatch_aoti.worker.helpers import Helpers
+from hatch_aoti.worker.split import shares
 
 FAKES = [sys.executable, str(Path(__file__).with_name("fakes.py"))]
 
@@ -182,6 +183,60 @@ def test_a_finished_coordinator_is_a_success(tmp_path: Path) -> None:
     )
     run.run()
     assert run.done
+
+
+def test_the_output_says_where_the_build_is(tmp_path: Path) -> None:
+    """Each model's lines carry its place among the build's models; a stage is said once per model (a tuned
+    model's candidates enter each again)."""
+    events = [
+        {"event": "stage", "model": "a", "stage": "check"},
+        {"event": "stage", "model": "b", "stage": "check"},
+        {"event": "stage", "model": "a", "stage": "export"},
+        {"event": "cached", "model": "a", "seconds": 0.41, "check": "ok", "tier": "local"},
+        {"event": "stage", "model": "b", "stage": "compile"},
+        {"event": "info", "message": "b: candidate x: 1.00 ms per call, verified"},
+        {"event": "stage", "model": "b", "stage": "verify"},
+        {"event": "stage", "model": "b", "stage": "compile"},
+        {"event": "stage", "model": "b", "stage": "tune"},
+        {"event": "stage", "model": "b", "stage": "store"},
+        {"event": "built", "model": "b", "seconds": 12.34, "check": "not verified (verify = false)"},
+        {"event": "done", "torch": "2.13.0", "built": ["a", "b"], "failed": []},
+    ]
+    run = coordination(tmp_path, events)
+    lines: list[str] = []
+    run.report = Reporter(lines.append, lines.append, lines.append)
+    run.run()
+    assert lines == [
+        "aoti: [1/2] a: checking",
+        "aoti: [2/2] b: checking",
+        "aoti: [1/2] a: exporting",
+        "aoti: [1/2] a: from cache in 0.4s, ok",
+        "aoti: [2/2] b: compiling",
+        "aoti: b: candidate x: 1.00 ms per call, verified",
+        "aoti: [2/2] b: verifying against eager",
+        "aoti: [2/2] b: timing its candidates",
+        "aoti: [2/2] b: storing in the cache",
+        "aoti: [2/2] b: compiled in 12.3s, not verified (verify = false)",
+    ]
+    assert run.progress.summary(41.23) == "aoti: 2 models in 41.2s (1 from the cache, 1 compiled)"
+
+
+def test_the_last_line_counts_what_came_from_the_cache() -> None:
+    from hatch_aoti.pipeline.progress import Progress
+
+    progress = Progress(["a", "b", "c"])
+    assert progress.summary(0.04) == "aoti: 3 models in 0.0s"
+    progress.came("a", "local")
+    progress.came("b", "remote")
+    progress.came("c", None)
+    assert progress.summary(7.26) == "aoti: 3 models in 7.3s (1 from the cache, 1 from the remote cache, 1 compiled)"
+    progress.failed("c")
+    assert progress.summary(1.0) == "aoti: 3 models in 1.0s (1 from the cache, 1 from the remote cache)"
+    one = Progress(["mlp"])
+    one.came("mlp", None)
+    assert one.summary(12.0) == "aoti: 1 model in 12.0s (1 compiled)"
+    assert one.at("mlp") == "[1/1] mlp" and one.entered("mlp", "compile") == "aoti: [1/1] mlp: compiling"
+    assert one.entered("mlp", "compile") is None, "said once"
 
 
 def test_a_child_ends_with_everything_it_started_when_its_parent_goes(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_the_wheel_is_the_hatch_wheel_under_the_package(
         wheel_meta = zf.read("sample_models-0.1.0.dist-info/WHEEL").decode()
     assert "Requires-Dist: torch<2.15,>=2.13" in meta, "its torch-requirement: a window of two releases"
     assert "Root-Is-Purelib: false" in wheel_meta and f"Tag: {wheel.name.split('-', 2)[2][:-4]}" in wheel_meta
-    assert "aoti: mlp:" in output and "aoti: classifier:" in output, "progress lines as with hatchling"
+    assert "aoti: [1/2] mlp:" in output and "aoti: [2/2] classifier:" in output, "progress lines as with hatchling"
     run([sys.executable, "-m", "twine", "check", "--strict", str(wheel)])
 
 

@@ -19,7 +19,8 @@ from hatch_aoti.settings.resolve import parse_settings
 from hatch_aoti.store.cache import CompileCache
 from hatch_aoti.store.tiers import Tiers
 from hatch_aoti.worker import tuning
-from hatch_aoti.worker.coordinator import Coordinator, Miss
+from hatch_aoti.worker.coordinator import Coordinator
+from hatch_aoti.worker.split import Miss
 
 
 def test_candidates_keep_the_users_settings_and_drop_duplicates() -> None:
@@ -56,8 +57,9 @@ def coordinator(tmp_path: Path, names: list[str]) -> tuple[Coordinator, list[pro
     self = object.__new__(Coordinator)
     self.emit, self.artifacts, self.stage = events.append, tmp_path, tmp_path.parent / "stage"
     self.cache = Tiers(CompileCache(tmp_path.parent / "cache"), None, print, tmp_path.parent)
-    self.entries, self.failed, self.prepared = {}, {}, []
-    self.tunings = {"m": tuning.Tuning("m", names)}
+    self.entries, self.failed = {}, {}
+    self.tuner = tuning.Tuner(self)
+    self.tuner.begin("m", names, 0.0)
     for name in names:
         (tmp_path / f"m--{name}").mkdir()
         (tmp_path / f"m--{name}" / "lib.so").write_text(name)
@@ -72,10 +74,10 @@ def candidate_miss(label: str, key: str = "", entry: dict | None = None) -> Miss
 def test_the_fastest_verified_candidate_is_kept_and_a_failing_one_dropped(tmp_path: Path) -> None:
     self, events = coordinator(tmp_path, ["defaults", "cpp-gemm", "no-freezing"])
     entry = {"verification": {"passed": True, "tried": []}}
-    self.tuned("m--defaults", entry, None, 0.003, cached="")
+    self.tuner.tuned("m--defaults", entry, None, 0.003, cached="")
     self.fail_or_drop(candidate_miss("m--cpp-gemm"), "compile", "the aoti backend failed: boom\nmore")
     assert "m" not in self.entries, "not before every candidate is in"
-    self.tuned("m--no-freezing", entry, None, 0.002, cached="local")
+    self.tuner.tuned("m--no-freezing", entry, None, 0.002, cached="local")
     assert self.entries["m"]["tuning"] == {
         "chosen": "no-freezing",
         "candidates": [
@@ -109,7 +111,7 @@ def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tm
     stage.mkdir()
     self, events = coordinator(stage, ["defaults", "cpp-gemm", "concat-linear"])
     entry = {"verification": {"passed": True, "tried": []}}
-    self.tuned("m--defaults", entry, None, 0.003, cached="")
+    self.tuner.tuned("m--defaults", entry, None, 0.003, cached="")
     self.fail_or_drop(candidate_miss("m--cpp-gemm", "a" * 64), "compile", "the aoti backend failed: boom", lasting=True)
     self.fail_or_drop(candidate_miss("m--concat-linear", "b" * 64), "compile", "the compile helper died")
     local = self.cache.local
@@ -125,8 +127,8 @@ def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tm
     again = tmp_path / "again"
     again.mkdir()
     self, events = coordinator(again, ["defaults", "cpp-gemm"])
-    self.tuned("m--defaults", entry, None, 0.003, cached="local")
-    self.cached_candidate(candidate_miss("m--cpp-gemm", "a" * 64), found, "local")
+    self.tuner.tuned("m--defaults", entry, None, 0.003, cached="local")
+    self.tuner.cached_candidate(candidate_miss("m--cpp-gemm", "a" * 64), found, "local")
     lines = [e.message for e in events if isinstance(e, protocol.Info)]
     assert (
         "m: candidate cpp-gemm dropped at compile: the aoti backend failed: boom (remembered from an earlier build)"
@@ -139,14 +141,14 @@ def test_a_candidate_that_fails_for_good_is_remembered_and_not_compiled_again(tm
 def test_a_drop_another_machine_remembered_is_compiled_here(tmp_path: Path) -> None:
     self, events = coordinator(tmp_path, ["defaults", "cpp-gemm"])
     there = {"entry": {"tuning": {"dropped": "compile: boom", "machine": "another CPU; 64 CPUs; 64 threads"}}}
-    assert self.cached_candidate(candidate_miss("m--cpp-gemm", "c" * 64), there, "local") is False
-    assert not self.tunings["m"].dropped and not self.tunings["m"].cached
+    assert self.tuner.cached_candidate(candidate_miss("m--cpp-gemm", "c" * 64), there, "local") is False
+    assert not self.tuner.tunings["m"].dropped and not self.tuner.tunings["m"].cached
 
 
 def test_all_candidates_remembered_as_failing_say_how_to_try_them_again(tmp_path: Path) -> None:
     self, events = coordinator(tmp_path, ["defaults"])
     dropped = {"entry": {"tuning": {"dropped": "verify: output: mismatch", "machine": tuning.machine()}}}
-    self.cached_candidate(candidate_miss("m--defaults", "d" * 64), dropped, "local")
+    self.tuner.cached_candidate(candidate_miss("m--defaults", "d" * 64), dropped, "local")
     (failed,) = [e for e in events if isinstance(e, protocol.Failed)]
     assert failed.message == (
         "no candidate compiled and verified (defaults: verify: output: mismatch); defaults (remembered from an "
@@ -159,18 +161,18 @@ def test_a_time_cached_by_another_machine_is_taken_again_here_and_kept_for_this_
     entry = {"verification": {"passed": True, "tried": []}}
     here = {"entry": {**entry, "tuning": {"seconds": 0.002, "machine": tuning.machine()}}, "errors": None}
     there = {"entry": {**entry, "tuning": {"seconds": 0.001, "machine": "another CPU; 64 CPUs; 64 threads"}}}
-    self.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
-    self.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
-    found = self.tunings["m"]
+    self.tuner.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
+    self.tuner.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
+    found = self.tuner.tunings["m"]
     assert found.results["defaults"][2] == 0.002 and list(found.untimed) == ["cpp-gemm"], "to be timed, not compiled"
     assert "m" not in self.entries, "not kept before it is timed here"
     # timed here: kept in the local cache, so the next build on this machine takes it as it is
-    self.write_note(candidate_miss("m--cpp-gemm", "f" * 64, entry), {"seconds": 0.004}, per_machine=True)
+    self.tuner.write_note(candidate_miss("m--cpp-gemm", "f" * 64, entry), {"seconds": 0.004}, per_machine=True)
     (tmp_path / "again").mkdir()
     again, events = coordinator(tmp_path / "again", ["defaults", "cpp-gemm"])
     again.cache = self.cache
-    again.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
-    again.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
+    again.tuner.cached_candidate(candidate_miss("m--defaults", "e" * 64, entry), here, "local")
+    again.tuner.cached_candidate(candidate_miss("m--cpp-gemm", "f" * 64, entry), there, "remote")
     assert again.entries["m"]["tuning"]["candidates"][1] == {"candidate": "cpp-gemm", "ms": 4.0}
     assert isinstance(events[-1], protocol.Cached)
 
@@ -241,6 +243,8 @@ def test_a_tuned_build_times_every_candidate_and_keeps_one(
     assert "aoti: mlp: tuning 4 candidates: defaults, cpp-gemm, concat-linear, no-freezing" in log, log
     for name in ("defaults", "cpp-gemm", "concat-linear", "no-freezing"):
         assert re.search(rf"^aoti: mlp: candidate {name}: [0-9.]+ ms per call, verified$", log, re.M), log
+    assert re.search(r"^aoti: \[1/1\] mlp: timing its candidates$", log, re.M), log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 compiled\)$", log, re.M), log
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
@@ -277,7 +281,8 @@ def test_a_tuned_rebuild_takes_every_candidate_from_the_cache(tuned_build: tuple
     out = project / "dist-again"
     proc = build_no_isolation(project, out, env={**os.environ})
     log = proc.stdout + proc.stderr
-    assert log.count("ms per call, from cache") == 4 and "aoti: mlp: from cache in" in log, log
+    assert log.count("ms per call, from cache") == 4 and "aoti: [1/1] mlp: from cache in" in log, log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 from the cache\)$", log, re.M), log
     (again,) = out.glob("*.whl")
     assert again.read_bytes() == wheel.read_bytes()
     with zipfile.ZipFile(again) as zf:

@@ -24,6 +24,7 @@ from typing import Any
 
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Child, watch
+from hatch_aoti.pipeline.progress import Progress
 from hatch_aoti.settings.reader import ConfigError, model_path
 from hatch_aoti.settings.spec import Settings
 from hatch_aoti.store.owned import OwnedDir, sweep
@@ -105,6 +106,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     """Check, export, compile and verify every model into ``stage/package``."""
     from hatch_aoti.pipeline import tagging
 
+    started = time.monotonic()
     torch_version = build_torch_version()
     pins = wheel_pins(settings, torch_version)
     jobs = jobs_from_env()
@@ -129,7 +131,8 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
         remote=remote,
         jobs=jobs,
     )
-    Coordination(job, stage, settings, report).run()
+    coordination = Coordination(job, stage, settings, report)
+    coordination.run()
     preparing.join()
     package = stage / "package"
     if not editable:
@@ -142,6 +145,7 @@ def build(settings: Settings, project: Project, stage: Path, report: Reporter, *
     tag = None if editable else _tag(package)
     if tag is not None and tag[1]:
         report.warning(f"aoti: tagging the wheel {tag[0]}: {tag[1]}")
+    report.success(coordination.progress.summary(time.monotonic() - started))
     return Staged(package, pins.torch, tag[0] if tag else None, pins.python_tag)
 
 
@@ -401,6 +405,10 @@ class Coordination:
     done: bool = False
     since: float = field(default_factory=time.monotonic)
     """When the current stage began: a long one is said to be alive every ``HEARTBEAT`` seconds."""
+    progress: Progress = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.progress = Progress([spec.name for spec in self.job.models])
 
     def run(self) -> None:
         job_file = self.stage / "job.json"
@@ -432,17 +440,23 @@ class Coordination:
         match event:
             case protocol.Stage(model, stage):
                 self.doing, self.since = f"{_DOING[stage]} model {model!r}", time.monotonic()
+                line = self.progress.entered(model, stage)
+                if line is not None:
+                    self.report.info(line)
             case protocol.Cached(model, seconds, check, tier):
                 self.built.add(model)
+                self.progress.came(model, tier)
                 where = "the remote cache" if tier == "remote" else "cache"
-                self.report.success(f"aoti: {model}: from {where} in {seconds:.1f}s, {check}")
+                self.report.success(f"aoti: {self.progress.at(model)}: from {where} in {seconds:.1f}s, {check}")
             case protocol.Built(model, seconds, check):
                 self.built.add(model)
-                self.report.success(f"aoti: {model}: compiled in {seconds:.1f}s, {check}")
+                self.progress.came(model, None)
+                self.report.success(f"aoti: {self.progress.at(model)}: compiled in {seconds:.1f}s, {check}")
             case protocol.Failed(model, stage, message):
                 self.built.discard(model)
+                self.progress.failed(model)
                 self.failures[model] = f"model {model!r} ({self._model_path(model)}) failed at {stage}: {message}"
-                self.report.warning(f"aoti: {model}: failed at {stage}")
+                self.report.warning(f"aoti: {self.progress.at(model)}: failed at {stage}")
             case protocol.Problems(problems):
                 self.problems = problems
             case protocol.Notice(message):

@@ -12,10 +12,13 @@ import pkgutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hatch_aoti.settings.reader import did_you_mean
 from hatch_aoti.settings.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from hatch_aoti.worker.inputs import Planned
 
 Problem = tuple[str, str]
 
@@ -69,11 +72,10 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
         for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
-    replan = _planner(spec, params, problems)
-    plan = _plan(spec, replan, problems)
-    if plan is None:
+    planned = _planned(spec, params, problems)
+    if planned is None:
         return None
-    label, (args, kwargs) = _export_sample(plan)
+    label, (args, kwargs) = planned.export_label, planned.plan.export_sample
     forward = f"{type(module).__name__}.forward"
     try:
         bound = signature.bind(*args, **kwargs)
@@ -91,7 +93,7 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
             )
         )
         return None
-    return Prepared(spec, module, plan, configs, mutated, replan, signature_record(signature))
+    return Prepared(spec, module, planned.plan, configs, mutated, planned.replan, signature_record(signature))
 
 
 def signature_record(signature: inspect.Signature) -> list[dict[str, Any]]:
@@ -144,44 +146,23 @@ def _call(entry_point: str, path: str, problems: list[Problem]) -> tuple[bool, A
         return False, None
 
 
-def _planner(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Callable[[ModelSpec], Any] | None:
-    """A function from the model's spec to its input plan; for ``example-inputs``, the samples are made once."""
+def _planned(spec: ModelSpec, params: list[str], problems: list[Problem]) -> Planned | None:
+    """The model's input plan, from its declared inputs or from what its ``example-inputs`` returns
+    (called here, once); ``None`` with the problem."""
     from hatch_aoti.worker import inputs
 
-    if spec.example_inputs is None:
-        return lambda spec: inputs.plan_declared(spec, params)
-    key = f"{spec.path}.example-inputs"
-    called, returned = _call(spec.example_inputs, key, problems)
-    if not called:
-        return None
+    returned = None
+    if spec.example_inputs is not None:
+        called, returned = _call(spec.example_inputs, f"{spec.path}.example-inputs", problems)
+        if not called:
+            return None
     try:
-        samples = inputs.normalise_samples(returned)
-    except inputs.InputError as exc:
-        problems.append((f"{spec.path}.{exc.key}", str(exc)))
-        return None
-    return lambda spec: inputs.plan_from_samples(spec, samples, params)
-
-
-def _plan(spec: ModelSpec, replan: Callable[[ModelSpec], Any] | None, problems: list[Problem]) -> Any:
-    from hatch_aoti.worker import inputs
-
-    if replan is None:
-        return None
-    try:
-        return replan(spec)
+        return inputs.plan_model(spec, params, returned)
     except inputs.InputError as exc:
         problems.append((f"{spec.path}.{exc.key}", str(exc)))
     except Exception as exc:
         problems.append((f"{spec.path}.{'example-inputs' if spec.example_inputs else 'inputs'}", short_exception(exc)))
     return None
-
-
-def _export_sample(plan: Any) -> tuple[str | None, Any]:
-    """The sample export uses, named as the user knows it: ``sample N`` of ``example-inputs``, or ``None``."""
-    for label, sample in plan.verify_samples:
-        if sample is plan.export_sample and label.startswith("sample"):
-            return label, sample
-    return None, plan.export_sample
 
 
 def _dry_run(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, frozenset[str]]:

@@ -35,12 +35,6 @@ class Outcome:
     """The error would come again on the same inputs (see :class:`protocol.Failed`)."""
 
 
-def shares(names: list[str], jobs: int) -> list[list[str]]:
-    """Split the misses into at most ``jobs`` shares, round-robin; the first is the coordinator's."""
-    count = max(1, min(jobs, len(names)))
-    return [names[i::count] for i in range(count)]
-
-
 class Helpers:
     """The helpers of one build, from their start to the last outcome."""
 

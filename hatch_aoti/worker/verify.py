@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from hatch_aoti.worker.inputs import default_tolerances
+from hatch_aoti.worker.inputs import default_tolerances, resized
 
 
 @dataclass
@@ -318,6 +318,35 @@ def verify_model(
     if float64_checked:  # in the log only: whether it was needed varies from run to run
         worst["float64_checked"] = 1.0
     return report, worst
+
+
+def region_edges(plan: Any, regions: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Inputs at both ends of every compiled region of sizes (an unbounded end: 2 * its start + 1)."""
+    out = []
+    for region in regions:
+        for label, pick in (("start", 0), ("end", 1))[: 1 if _single(region["dims"]) else 2]:
+            sizes = {
+                name: bounds[pick] if bounds[pick] is not None else 2 * bounds[0] + 1
+                for name, bounds in region["dims"].items()
+            }
+            text = ", ".join(f"{name}={size}" for name, size in sizes.items())
+            out.append((f"region {region['file']} {label} ({text})", resized(plan, sizes)))
+    return out
+
+
+def _single(dims: dict[str, list[Any]]) -> bool:
+    return all(low == high for low, high in dims.values())
+
+
+def summary(report: dict[str, Any] | None, errors: dict[str, float] | None) -> str:
+    """The verification in one line, for the build's progress."""
+    if not report or report.get("passed") is None:
+        return "not verified (verify = false)"
+    text = f"verified against eager on {len(report.get('tried', []))} input set(s)"
+    if not errors:
+        return text
+    checked = " (float32 outputs checked against a float64 run)" if errors.get("float64_checked") else ""
+    return f"{text}, max abs err {errors['max_abs_err']:.2g}{checked}"
 
 
 def rebuilt_unlike(spec: Any, backend: str) -> str | None:
