@@ -14,6 +14,7 @@ import contextlib
 import email.parser
 import importlib.metadata
 import importlib.util
+import json
 import sys
 import tempfile
 import zipfile
@@ -240,12 +241,21 @@ def _package_dir(parts: list[str]) -> tuple[Path, list[str], str | None] | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     here, depth = Path(list(spec.submodule_search_locations)[0]), 1
-    while depth < len(parts) and (here / parts[depth]).is_dir():
+    while depth < len(parts) and (here / parts[depth]).is_dir() and parts[depth] != _loader_of(here):
         here, depth = here / parts[depth], depth + 1
     rest = parts[depth:]
     if len(rest) > 1:
         return None
     return here, parts[:depth], rest[0] if rest else None
+
+
+def _loader_of(package_dir: Path) -> str | None:
+    """The name of the loader package of a package that holds compiled models (the manifest says)."""
+    try:
+        loader = json.loads((package_dir / ARTIFACT_DIR / MANIFEST).read_text(encoding="utf-8"))["loader"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return loader if isinstance(loader, str) else None
 
 
 def installed_dist(top: str, package_dir: Path) -> Dist:
