@@ -14,6 +14,7 @@ import re
 import shutil
 import statistics
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 from common import REPO, build_wheel, run_child, unpack, wall
@@ -32,6 +33,9 @@ BACKENDS = ("aoti", "precompile")
 def project(root: Path) -> Path:
     shutil.copytree(REPO / "sample_project", root, ignore=shutil.ignore_patterns("dist", "build"))
     text = (root / "pyproject.toml").read_text().split("[tool.hatch.build.targets.wheel.hooks.aoti]")[0]
+    # precompiled models load only under the torch that built them: the wheel pins it exactly
+    torch = version("torch").split("+")[0]
+    text = text.replace('dependencies = ["torch==2.13.*"]', f'dependencies = ["torch=={torch}"]')
     for name, (factory, inputs, _) in MODELS.items():
         for backend in BACKENDS:
             text += (
