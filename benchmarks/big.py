@@ -15,22 +15,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
-from common import build_command, child, only_wheel, run_child, sampled, unpack, write_package
+from common import HEADER, build_command, child, only_wheel, run_child, sampled, unpack, write_package
 
 PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "bigpkg"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-
 [tool.hatch.build.targets.wheel.hooks.aoti.models.big]
 factory = "bigpkg.models:build"
 inputs = [{{ shape = ["batch", {n}] }}]
@@ -121,7 +111,7 @@ def main() -> None:
         work = Path(tmp)
         project = work / "proj"
         write_package(project, "bigpkg", "big_models.py", N=args.n)
-        (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT.format(n=args.n, extra=extra)))
+        (project / "pyproject.toml").write_text(HEADER.format(name="bigpkg") + PYPROJECT.format(n=args.n, extra=extra))
         env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind")}
         wall, peak_total, peak_one, output = sampled(build_command(project, work / "dist"), env, project)
         wheel = only_wheel(work / "dist")

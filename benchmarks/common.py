@@ -23,6 +23,19 @@ CHILDREN = HERE / "children"
 PROJECTS = HERE / "projects"
 
 
+#: The head of the projects the benchmarks build: hatchling, hatch-aoti, and torch 2.13 to build and run.
+HEADER = """
+[build-system]
+requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{name}"
+version = "1.0"
+dependencies = ["torch==2.13.*"]
+"""
+
+
 def write_package(project: Path, package: str, models: str, **constants: object) -> Path:
     """``project/package`` with ``PROJECTS/models`` as its ``models.py``, each ``NAME = value`` line
     of ``constants`` set to the value given (a model's size, say)."""

@@ -27,18 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import build_command, only_wheel, run_child, sampled, unpack, write_package
+from common import HEADER, build_command, only_wheel, run_child, sampled, unpack, write_package
 
-HEADER = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "{name}"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-"""
 PYPROJECT = """
 [tool.hatch.build.targets.wheel.hooks.aoti.models.llama]
 factory = "llmpkg.models:llama"

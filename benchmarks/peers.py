@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import PROJECTS, build_wheel, cpu_name, timed, unpack, write_package
+from common import HEADER, PROJECTS, build_wheel, cpu_name, timed, unpack, write_package
 
 #: Each model's input: shape, dtype and the end of its values' range (token ids; pixels from 0), from which
 #: the build draws its inputs too (None: the build's normals, timed on [0, 1)).
@@ -56,16 +56,6 @@ INPUTS = {
 }
 #: What runs without --models.
 DEFAULT_MODELS = ["bert", "gpt2", "resnet50", "vit"]
-PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "peerpkg"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-"""
 TABLE = """
 [tool.hatch.build.targets.wheel.hooks.aoti]
 tune = {tune}
@@ -83,7 +73,7 @@ def build(models: list[str], tune: bool, optimize: str, against: str | None, wor
     """The wheel of ``models`` (and each again with the ``against`` inductor-configs), unpacked into
     ``work/site``; the build's seconds and output."""
     project = work / "project"
-    tables = [PYPROJECT, TABLE.format(tune=str(tune).lower(), optimize=optimize)]
+    tables = [HEADER.format(name="peerpkg"), TABLE.format(tune=str(tune).lower(), optimize=optimize)]
     for name in models:
         shape, dtype, high = INPUTS[name]
         table = MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else "")
