@@ -13,14 +13,12 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, build_wheel, run_child, unpack, wall
+
 MODELS = {
     "mlp": ("sample_models.models:build_mlp", "inputs = [{ shape = [4, 128] }]", "torch.randn(4, 128)"),
     "classifier": (
@@ -35,6 +33,9 @@ BACKENDS = ("aoti", "precompile")
 def project(root: Path) -> Path:
     shutil.copytree(REPO / "sample_project", root, ignore=shutil.ignore_patterns("dist", "build"))
     text = (root / "pyproject.toml").read_text().split("[tool.hatch.build.targets.wheel.hooks.aoti]")[0]
+    # precompiled models load only under the torch that built them: the wheel pins it exactly
+    torch = version("torch").split("+")[0]
+    text = text.replace('dependencies = ["torch==2.13.*"]', f'dependencies = ["torch=={torch}"]')
     for name, (factory, inputs, _) in MODELS.items():
         for backend in BACKENDS:
             text += (
@@ -46,38 +47,13 @@ def project(root: Path) -> Path:
 
 
 def build(root: Path, env: dict[str, str]) -> tuple[Path, dict[str, float]]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"), str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seconds = {m: float(s) for m, s in re.findall(r"aoti: (\w+): compiled in ([\d.]+)s", proc.stderr)}
-    (wheel,) = (root / "dist").glob("*.whl")
+    wheel, _, log = build_wheel(root, root / "dist", env)
+    seconds = {m: float(s) for m, s in re.findall(r"aoti: (\w+): compiled in ([\d.]+)s", log)}
     return wheel, seconds
 
 
-def wall(code: str, env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    return time.perf_counter() - start
-
-
 def per_call_us(site: Path, model: str, sample: str, env: dict[str, str]) -> float:
-    code = (
-        f"import sys, time, torch; sys.path.insert(0, {str(site)!r}); from sample_models import compiled\n"
-        f"m, x = compiled.load({model!r}), {sample}\nbest = 1e9\n"
-        "for _ in range(20):\n    t = time.perf_counter()\n    for _ in range(2000): m(x)\n"
-        "    best = min(best, (time.perf_counter() - t) / 2000)\nprint(best * 1e6)"
-    )
-    return float(
-        subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-    )
+    return float(run_child("backends_call", site, model, sample, env=env).split()[-1])
 
 
 def main() -> None:
@@ -93,13 +69,12 @@ def main() -> None:
             "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-build"),
         }
         wheel, seconds = build(project(work / "proj"), env)
-        site = work / "site"
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
+        site = unpack(wheel, work / "site")
         run_env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-run")}
         print(f"{wheel.name}: torch and Python as built; each model on its own process per measure\n")
         for name, (_, _, sample) in MODELS.items():
-            base, loads = [], {b: [] for b in BACKENDS}
+            base: list[float] = []
+            loads: dict[str, list[float]] = {b: [] for b in BACKENDS}
             first = {}
             for backend in BACKENDS:  # the first load of a precompiled model compiles its kernels
                 code = (

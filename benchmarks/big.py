@@ -15,97 +15,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
-import threading
 import time
-import zipfile
 from pathlib import Path
 
-MODELS = """
-import torch
-from torch import nn
+from common import HEADER, build_command, child, only_wheel, run_child, sampled, unpack, write_package
 
-
-def build():
-    torch.manual_seed(0)
-    return nn.Sequential(*[nn.Linear({n}, {n}) for _ in range(4)]).eval()
-"""
 PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "bigpkg"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-
 [tool.hatch.build.targets.wheel.hooks.aoti.models.big]
 factory = "bigpkg.models:build"
 inputs = [{{ shape = ["batch", {n}] }}]
 dynamic = {{ batch = {{ min = 1, max = 8 }} }}
 {extra}
-"""
-LOAD = """
-import sys, time
-t0 = time.perf_counter()
-import torch
-t1 = time.perf_counter()
-sys.path.insert(0, {site!r})
-from bigpkg import compiled
-y = compiled.load("big")(torch.randn(1, {n}))
-t2 = time.perf_counter()
-status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-maps = open("/proc/self/maps").read()
-print(t1 - t0, t2 - t1, int(status["VmHWM"].split()[0]) * 1024, int(status["RssAnon"].split()[0]) * 1024,
-      int(status["RssFile"].split()[0]) * 1024, "weights.bin" in maps)
-if "--hold" in sys.argv:
-    time.sleep(3)  # until the other process has loaded too
-    pss = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup").read().splitlines()[1:])
-    print("pss", int(pss["Pss"].split()[0]) * 1024, "rss", int(status["VmRSS"].split()[0]) * 1024, flush=True)
-    time.sleep(float(sys.argv[-1]))
-"""
-
-
-STAGES = """
-import json, sys, threading, time
-from hatch_aoti.pipeline import children
-from hatch_aoti.worker import coordinator
-def rss():
-    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
-peak = [0]
-def sample():
-    while True:
-        peak[0] = max(peak[0], rss())
-        time.sleep(0.005)
-threading.Thread(target=sample, daemon=True).start()
-log = open(sys.argv[2], "w")
-from hatch_aoti.pipeline import protocol
-emit = children.Parent.emit
-def logged(self, event):
-    kind = type(event).__name__.lower()
-    log.write(json.dumps([kind, getattr(event, "stage", None), rss(), peak[0]]) + "\\n"); log.flush()
-    peak[0] = rss()
-    emit(self, event)
-children.Parent.emit = logged
-sys.argv = sys.argv[:2]
-children.child_main(coordinator.run, protocol.Job)
-"""
-UNPACK = """
-import sys, threading, time
-from pathlib import Path
-import torch
-from hatch_aoti.backends.pt2 import unpack_pt2
-def rss():
-    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
-peak, start = [0], rss()
-def sample():
-    while True:
-        peak[0] = max(peak[0], rss())
-        time.sleep(0.005)
-threading.Thread(target=sample, daemon=True).start()
-unpack_pt2(Path(sys.argv[1]), Path(sys.argv[2]))
-print(peak[0] - start)
 """
 
 
@@ -142,7 +62,7 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
     events = work / "events.jsonl"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(stage / "inductor")}
     with subprocess.Popen(
-        [sys.executable, "-c", STAGES, str(stage / "job.json"), str(events)],
+        [sys.executable, child("big_stages"), str(stage / "job.json"), str(events)],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -151,81 +71,25 @@ def own_share(project: Path, site: Path, work: Path, n: int) -> dict[str, int]:
         proc.wait()  # stdin stays open until it is done: it ends itself when its pipe closes
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     # each row: the event, its stage, RSS at the event, peak since the previous event
-    share, started = {}, None
+    share: dict[str, int] = {}
+    started = None
     for event, stage_name, now, peak in rows:
         if started is not None:
             share[started[0]] = max(share.get(started[0], 0), peak - started[1])
         started = (stage_name, now) if event == "stage" else None
     pt2 = work / "big.pt2"
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import sys; sys.path.insert(0, {str(site)!r}); from bigpkg import compiled;"
-            f"compiled.save_pt2('big', {str(pt2)!r})",
-        ],
-        check=True,
-        capture_output=True,
+    save = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from bigpkg import compiled; "
+        "compiled.save_pt2('big', sys.argv[2])"
     )
-    staging = subprocess.run(
-        [sys.executable, "-c", UNPACK, str(pt2), str(work / "unpacked")], check=True, capture_output=True, text=True
-    ).stdout
+    subprocess.run([sys.executable, "-c", save, str(site), str(pt2)], check=True, capture_output=True)
+    staging = run_child("big_unpack", pt2, work / "unpacked")
     return {
         "key (export stage)": share.get("export", 0),
         "verification": share.get("verify", 0),
         "cache copy": share.get("store", 0),
         "staging": int(staging.split()[-1]),
     }
-
-
-def tree_rss(root: int) -> dict[int, int]:
-    """RSS in bytes of ``root`` and all its descendants."""
-    parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            parents[int(entry.name)] = int(fields[1])
-            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
-    family, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in family:
-                family.add(pid)
-                frontier.append(pid)
-    return {pid: rss.get(pid, 0) for pid in family}
-
-
-def sampled(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, int, int, str]:
-    """(wall seconds, peak RSS of the whole tree, peak RSS of its largest process, output)."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak_total = peak_one = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak_total, peak_one
-        while not done.is_set():
-            sizes = tree_rss(proc.pid)
-            peak_total = max(peak_total, sum(sizes.values()))
-            peak_one = max(peak_one, max(sizes.values(), default=0))
-            time.sleep(0.02)
-
-    start = time.perf_counter()
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    output, _ = proc.communicate()
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    if proc.returncode:
-        raise SystemExit(output)
-    return wall, peak_total, peak_one, output
 
 
 def main() -> None:
@@ -246,14 +110,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BIG_TMP")) as tmp:
         work = Path(tmp)
         project = work / "proj"
-        (project / "bigpkg").mkdir(parents=True)
-        (project / "bigpkg" / "__init__.py").write_text("")
-        (project / "bigpkg" / "models.py").write_text(MODELS.format(n=args.n))
-        (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT.format(n=args.n, extra=extra)))
+        write_package(project, "bigpkg", "big_models.py", N=args.n)
+        (project / "pyproject.toml").write_text(HEADER.format(name="bigpkg") + PYPROJECT.format(n=args.n, extra=extra))
         env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind")}
-        cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)]
-        wall, peak_total, peak_one, output = sampled(cmd, env, project)
-        (wheel,) = (work / "dist").glob("*.whl")
+        wall, peak_total, peak_one, output = sampled(build_command(project, work / "dist"), env, project)
+        wheel = only_wheel(work / "dist")
         cache_size = sum(p.stat().st_size for p in (work / "cache" / "v2" / "entries").rglob("*") if p.is_file())
         print(f"weights {weights / gb:.2f} GiB")
         print(
@@ -263,26 +124,13 @@ def main() -> None:
         )
         print("  " + "\n  ".join(line for line in output.splitlines() if line.startswith("aoti:")))
         print(f"wheel {wheel.stat().st_size / gb:.2f} GiB, cache entry {cache_size / gb:.2f} GiB")
-        site = work / "site"
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
+        site = unpack(wheel, work / "site")
         blob = next(site.rglob("weights.bin"))
-        code = LOAD.format(site=str(site), n=args.n)
+        load = [sys.executable, child("big_load"), str(site), str(args.n)]
         runs = []
         for _ in range(args.pairs):
-            torch_only = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    "import time; t = time.perf_counter(); import torch;"
-                    "print(time.perf_counter() - t, int(open('/proc/self/status').read()"
-                    ".split('VmHWM:')[1].split()[0]) * 1024)",
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            torch_only = run_child("big_import_torch").split()
+            out = subprocess.run(load, capture_output=True, text=True, check=True).stdout
             start = time.perf_counter()
             with blob.open("rb") as f:
                 buffer = bytearray(1 << 24)
@@ -321,15 +169,10 @@ def main() -> None:
         )
         for step, size in own_share(project, site, work, args.n).items():
             print(f"  hatch-aoti's own share, {step}: {size / gb:.3f} GiB = {size / weights:.3f}x the weights")
-        holders = [
-            subprocess.Popen([sys.executable, "-c", code, "--hold", "6"], stdout=subprocess.PIPE, text=True)
-            for _ in range(2)
-        ]
-        lines = [h.stdout.read().splitlines() for h in holders]
-        for h in holders:
-            h.wait()
-        for i, out in enumerate(lines):
-            pss, rss = (int(x) for x in out[1].split()[1::2])
+        holders = [subprocess.Popen([*load, "--hold", "6"], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        lines = [h.communicate()[0].splitlines() for h in holders]
+        for i, held in enumerate(lines):
+            pss, rss = (int(x) for x in held[1].split()[1::2])
             print(
                 f"  process {i + 1} of 2 at once: RSS {rss / gb:.2f} GiB, PSS {pss / gb:.2f} GiB "
                 "(PSS divides shared pages between the processes that map them)"

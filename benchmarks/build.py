@@ -32,14 +32,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, build_command
 
 
 def timed_build(project: Path, out: Path, env: dict[str, str], isolated: bool) -> tuple[float, float]:
     """(wall seconds, cores used) of one build."""
-    cmd = [sys.executable, "-m", "build", "--wheel", "-o", str(out), str(project)]
-    if not isolated:
-        cmd.insert(4, "--no-isolation")
+    cmd = build_command(project, out, isolated)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

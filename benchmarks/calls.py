@@ -16,72 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
-import zipfile
 from pathlib import Path
 from typing import Any
 
-MODELS = """
-import torch
-from torch import nn
+from common import build_wheel, unpack, write_package
 
-
-class Positional(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 8)
-
-    def forward(self, x, y):
-        return self.lin(x) + y
-
-
-class KeywordOnly(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 8)
-
-    def forward(self, x, *, scale, **extra):
-        return self.lin(x) * scale + extra["bias"]
-
-
-class Nested(nn.Module):
-    def forward(self, xs, parts):
-        return (xs[0] + xs[1]) * parts["a"] - parts["b"]
-
-
-class DictOut(nn.Module):
-    def forward(self, x):
-        return {"y": x.relu(), "norm": x.norm(dim=-1), "n": x.shape[0]}
-
-
-def positional():
-    torch.manual_seed(0)
-    return Positional()
-
-
-def keyword_only():
-    torch.manual_seed(0)
-    return KeywordOnly()
-
-
-def nested():
-    return Nested()
-
-
-def dict_out():
-    return DictOut()
-
-
-def keyword_samples():
-    return ((torch.randn(4, 16),), {"scale": torch.randn(4, 1), "bias": torch.randn(8)})
-
-
-def nested_samples():
-    return (([torch.randn(4, 8), torch.randn(4, 8)], {"a": torch.randn(8), "b": torch.randn(8)}), {})
-"""
 HOOK = """
 [build-system]
 requires = ["hatchling", "hatch-aoti"]
@@ -113,28 +55,15 @@ inputs = [{ shape = [4, 16] }]
 def build(root: Path) -> Path:
     """The benchmark's wheel, built without isolation by this interpreter, unpacked under ``root``."""
     project = root / "project"
-    (project / "callbench").mkdir(parents=True)
-    (project / "callbench" / "__init__.py").write_text("", encoding="utf-8")
-    (project / "callbench" / "models.py").write_text(MODELS, encoding="utf-8")
+    write_package(project, "callbench", "call_models.py")
     from importlib.metadata import version
 
     series = ".".join(version("torch").split(".")[:2])
     (project / "pyproject.toml").write_text(
         textwrap.dedent(HOOK).replace("{torch}", f"torch=={series}.*"), encoding="utf-8"
     )
-    built = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(root / "dist"), str(project)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode:
-        sys.exit(f"the benchmark's wheel did not build:\n{built.stderr[-4000:]}")
-    (wheel,) = (root / "dist").glob("*.whl")
-    site = root / "site"
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(site)
-    return site
+    wheel, _, _ = build_wheel(project, root / "dist", failure="the benchmark's wheel did not build")
+    return unpack(wheel, root / "site")
 
 
 def cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any], list[Any]]]:
@@ -173,9 +102,9 @@ def main() -> None:
         for name, (args, kwargs, flat) in cases().items():
             model, eager = compiled.load(name), getattr(models, name)()
             calls = {
-                "compiled": lambda model=model, args=args, kwargs=kwargs: model(*args, **kwargs),
+                "compiled": lambda model=model, args=args, kwargs=kwargs: model(*args, **kwargs),  # type: ignore[misc]
                 "raw": lambda model=model, flat=flat: model.runner.run(flat),
-                "eager": lambda eager=eager, args=args, kwargs=kwargs: eager(*args, **kwargs),
+                "eager": lambda eager=eager, args=args, kwargs=kwargs: eager(*args, **kwargs),  # type: ignore[misc]
             }
             best = dict.fromkeys(calls, float("inf"))
             with torch.inference_mode():

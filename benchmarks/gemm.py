@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers
+from common import cpu_name, timed
 
 SHAPES = [(rows, k, n) for rows in (128, 197) for k, n in ((768, 768), (768, 3072), (3072, 768))]
 
 
-def onnxruntime_gemm(w, b, rows: int, threads: int):  # type: ignore[no-untyped-def]
+def onnxruntime_gemm(w: Any, b: Any, rows: int, threads: int) -> Any:
     """An ONNX Runtime session of one ``Gemm`` by ``w`` (out, in) plus ``b``, or None without it."""
     try:
         import onnxruntime as ort
@@ -43,14 +42,14 @@ def onnxruntime_gemm(w, b, rows: int, threads: int):  # type: ignore[no-untyped-
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def calls(rows: int, k: int, n: int, threads: int) -> dict[str, object]:
+def calls(rows: int, k: int, n: int, threads: int) -> dict[str, Callable[[], object]]:
     import torch
 
     generator = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(shape, generator=generator) for shape in ((rows, k), (n, k), (n,)))
     linear = torch.ops.mkldnn._linear_pointwise
     packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-    found: dict[str, object] = {
+    found: dict[str, Callable[[], object]] = {
         "mkl": lambda: torch.addmm(b, x, w.t()),
         "onednn": lambda: linear(x, w, b, "none", [], ""),
         "onednn packed": lambda: linear(x, packed, b, "none", [], ""),
@@ -69,9 +68,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    print(f"CPU: {peers.cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
     for rows, k, n in SHAPES:
-        medians = peers.timed(calls(rows, k, n, args.threads), args.threads, args.rounds)
+        medians = timed(calls(rows, k, n, args.threads), args.threads, args.rounds)
         rates = ", ".join(f"{lib} {2 * rows * k * n / s / 1e9:.0f}" for lib, s in medians.items())
         print(f"{rows} x {k} by {k} x {n}: GFLOP/s {rates}", flush=True)
 

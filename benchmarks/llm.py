@@ -22,55 +22,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from big import sampled
+from common import HEADER, build_command, only_wheel, run_child, sampled, unpack, write_package
 
-MODELS = """
-import torch
-from torch import nn
-
-
-class LastLogits(nn.Module):
-    def __init__(self, layers):
-        super().__init__()
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(
-            hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, use_cache=False,
-        )
-        self.llama = LlamaForCausalLM(config)
-
-    def forward(self, input_ids):
-        return self.llama(input_ids=input_ids).logits[:, -1, :]
-
-
-def llama():
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # made in bfloat16: never a float32 copy
-    try:
-        return LastLogits({layers}).eval()
-    finally:
-        torch.set_default_dtype(default)
-"""
-HEADER = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "{name}"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-"""
 PYPROJECT = """
 [tool.hatch.build.targets.wheel.hooks.aoti.models.llama]
 factory = "llmpkg.models:llama"
@@ -83,32 +41,6 @@ FIXED = """
 [tool.hatch.build.targets.wheel.hooks.aoti.models.tiny]
 factory = "fixedpkg.models:tiny"
 inputs = [{ shape = [1, 8], dtype = "bfloat16" }]
-"""
-FIXED_MODELS = """
-import torch
-
-
-def tiny():
-    return torch.nn.Linear(8, 8, dtype=torch.bfloat16).eval()
-"""
-FETCH = """
-import json, sys, time
-sys.path.insert(0, {site!r})
-import torch
-from llmpkg import compiled
-def rss():
-    fields = (line.split(":", 1) for line in open("/proc/self/status"))
-    return {{k: int(v.split()[0]) * 1024 for k, v in fields if k.startswith("Rss")}}
-ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
-before = rss()
-start = time.perf_counter()
-model = compiled.load("llama")
-loaded = time.perf_counter() - start
-start = time.perf_counter()
-y = model(ids)
-call = time.perf_counter() - start
-torch.save(y, {out!r})
-print(json.dumps({{"load": loaded, "first_call": call, "rss": rss(), "rss_torch": before}}))
 """
 
 
@@ -141,32 +73,25 @@ def plain_read(url: str, out: Path) -> float:
 
 
 def build(
-    project: Path, package: str, table: str, models: str, out: Path, env: dict[str, str]
+    project: Path, package: str, table: str, models: str, out: Path, env: dict[str, str], **constants: object
 ) -> tuple[float, int, int, str]:
-    """Write a project of one package and build its wheel into ``out``: ``sampled``'s figures."""
-    (project / package).mkdir(parents=True)
+    """Write a project of one package, its models from ``projects/models``, and build its wheel into
+    ``out``: ``sampled``'s figures."""
+    write_package(project, package, models, **constants)
     (project / "pyproject.toml").write_text(HEADER.format(name=package) + table)
-    (project / package / "__init__.py").write_text("")
-    (project / package / "models.py").write_text(textwrap.dedent(models))
-    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(project)]
-    return sampled(cmd, env, project)
+    return sampled(build_command(project, out), env, project)
 
 
 def fixed_cost(project: Path, env: dict[str, str]) -> int:
     """Peak RSS, over all processes, of the same build of a model without weights to speak of."""
-    return build(project, "fixedpkg", FIXED, FIXED_MODELS, project / "dist", env)[1]
+    return build(project, "fixedpkg", FIXED, "fixed_models.py", project / "dist", env)[1]
 
 
 def load(site: Path, out: Path, cache: Path) -> dict[str, Any]:
     """A fresh process's first ``compiled.load`` with ``cache`` as the weights cache, and its first call."""
     env = {**os.environ, "HATCH_AOTI_WEIGHTS_CACHE": str(cache)}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", FETCH.format(site=str(site), out=str(out))], capture_output=True, text=True, env=env
-    )
-    if proc.returncode:
-        sys.exit(proc.stderr[-3000:])
-    return dict(json.loads(proc.stdout.splitlines()[-1]))
+    return dict(json.loads(run_child("llm_fetch", site, out, env=env).splitlines()[-1]))
 
 
 def main() -> None:
@@ -183,15 +108,16 @@ def main() -> None:
         httpd, port = serve(served)
         project = work / "project"
         table = PYPROJECT.format(url=f"http://127.0.0.1:{port}/{{file}}")
-        models = MODELS.replace("{layers}", str(args.layers))
         env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1", "TMPDIR": str(work)}
-        seconds, peak, largest, output = build(project, "llmpkg", table, models, work / "dist", env)
+        seconds, peak, largest, output = build(
+            project, "llmpkg", table, "llm_models.py", work / "dist", env, LAYERS=args.layers
+        )
         (weights,) = (work / "dist-weights").iterdir()  # beside the wheel's dist/
         size = weights.stat().st_size
-        (wheel,) = (work / "dist").glob("*.whl")
+        wheel = only_wheel(work / "dist")
         print(f"weights {size / 1e9:.2f} GB ({weights.name})")
-        ratios = f"all processes {peak / size:.2f}x the weights, largest {largest / size:.2f}x"
-        print(f"build: {seconds:.0f} s; peak RSS, {ratios}")
+        shares = f"all processes {peak / size:.2f}x the weights, largest {largest / size:.2f}x"
+        print(f"build: {seconds:.0f} s; peak RSS, {shares}")
         for line in output.splitlines():
             if line.startswith("aoti:"):
                 print(f"  {line}")
@@ -202,9 +128,7 @@ def main() -> None:
             f"taken off, the build peaks at {(peak - fixed) / size:.2f}x the weights"
         )
         os.link(weights, served / weights.name)
-        site = work / "site"
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
+        site = unpack(wheel, work / "site")
         out = work / "y.pt"
         url = f"http://127.0.0.1:{port}/{weights.name}"
         loads, reads = [], []

@@ -17,18 +17,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from common import wall
+
 INPUTS = {"mlp": "torch.randn(4, 128)", "classifier": "torch.rand(8, 3, 16, 16)"}
-
-
-def wall(code: str, env: dict[str, str] | None = None) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    return time.perf_counter() - start
 
 
 def cold_start(name: str, pairs: int, pt2: str) -> None:

@@ -14,43 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers
+from common import cpu_name, run_child, timed
 
 CHOICES = ("convolutions", "all", "none")
-#: Run in a fresh process per choice: load and first call, and what they add to the process.
-FRESH = """
-import json, sys, time
-sys.path[:0] = [{site!r}, {here!r}]
-import torch, peers
-torch.set_num_threads({threads})
-from peerpkg import compiled
-
-def status():
-    lines = open("/proc/self/status").read().splitlines()
-    return {{l.split(":")[0]: int(l.split()[1]) for l in lines if l.startswith(("RssAnon", "RssFile"))}}
-
-x = peers.example({name!r})
-before, start = status(), time.perf_counter()
-compiled.load({name!r})(x)
-seconds, after = time.perf_counter() - start, status()
-print(json.dumps({{"seconds": seconds, "anon_mib": (after["RssAnon"] - before["RssAnon"]) / 1024,
-                   "file_mib": (after["RssFile"] - before["RssFile"]) / 1024}}))
-"""
 
 
 def fresh(site: Path, name: str, choice: str, threads: int) -> dict[str, float]:
-    code = FRESH.format(site=str(site), here=str(Path(__file__).resolve().parent), name=name, threads=threads)
+    """Load and first call of one model under one choice, in a fresh process, and the memory they add."""
     env = {**os.environ, "HATCH_AOTI_PACK": choice}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
-    if proc.returncode:
-        sys.exit(f"{name} with HATCH_AOTI_PACK={choice} failed:\n{proc.stderr[-3000:]}")
-    found: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_child(
+        "packing_fresh", site, name, threads, env=env, failure=f"{name} with HATCH_AOTI_PACK={choice} failed"
+    )
+    found: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return found
 
 
@@ -61,17 +42,17 @@ def side_by_side(name: str, threads: int, rounds: int) -> dict[str, float]:
     from peerpkg import models as eager_models
 
     x, module = peers.example(name), getattr(eager_models, name)()
-    calls = {}
+    calls: dict[str, Callable[[], object]] = {}
     for choice in CHOICES:
         os.environ["HATCH_AOTI_PACK"] = choice
         compiled._LOADED.pop(name, None)  # loaded again, under this choice
         model = compiled.load(name)
         with torch.no_grad():
             torch.testing.assert_close(model(x), module(x), rtol=1e-3, atol=1e-3)
-        calls[choice] = lambda model=model: model(x)
+        calls[choice] = lambda model=model: model(x)  # type: ignore[misc]
     os.environ.pop("HATCH_AOTI_PACK")
     calls["eager"] = lambda: module(x)
-    return peers.timed(calls, threads, rounds)
+    return timed(calls, threads, rounds)
 
 
 def main() -> None:
@@ -84,7 +65,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    print(f"CPU: {peers.cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.threads} thread(s)")
     with tempfile.TemporaryDirectory(prefix="hatch-aoti-packing-") as tmp:
         site, seconds, _ = peers.build(models, False, "portable", None, Path(tmp))
         print(f"built {len(models)} models in {seconds:.0f} s")

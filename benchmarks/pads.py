@@ -14,47 +14,17 @@ and times them in interleaved rounds with ``torch.utils.benchmark``. Run with th
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SETUP = f"""
-import sys, textwrap, torch
-sys.path.insert(0, {str(HERE)!r})
 import peers
-factories = {{}}
-exec(textwrap.dedent(peers.MODELS), factories)
-model = factories["mobilenetv2"]()
-x = peers.example("mobilenetv2")
-"""
-COMPILE = """
-import torch._inductor
-from hatch_aoti.backends.aoti import FAST_DEFAULTS
-from hatch_aoti.backends.rewrites import zero_pads_into_convolutions
-folded, path = sys.argv[1] == "folded", sys.argv[2]
-program = torch.export.export(model, (x,))
-PADS = (torch.ops.aten.pad.default, torch.ops.aten.constant_pad_nd.default)
-pads = sum(n.target in PADS for n in program.graph.nodes)
-count = zero_pads_into_convolutions(program) if folded else 0
-with torch.no_grad():
-    configs = {**FAST_DEFAULTS, "cpp.dynamic_threads": True}
-    torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
-print(pads, count)
-"""
+from common import run_child
 
 
 def compiled(folded: bool, path: Path) -> str:
     """Compile MobileNetV2 one way into ``path``, in a fresh process; what it folded."""
-    proc = subprocess.run(
-        [sys.executable, "-c", SETUP + COMPILE, "folded" if folded else "as-is", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode:
-        sys.exit(f"the compile failed:\n{proc.stderr[-4000:]}")
-    pads, count = proc.stdout.split()[-2:]
+    out = run_child("pads_compile", "folded" if folded else "as-is", path, failure="the compile failed")
+    pads, count = out.split()[-2:]
     return f"{count} of {pads} pads folded"
 
 
@@ -67,25 +37,23 @@ def main() -> None:
         paths = {"folded": Path(work, "folded.pt2"), "as-is": Path(work, "as-is.pt2")}
         for name, path in paths.items():
             print(f"{name}: {compiled(name == 'folded', path)}", flush=True)
-        namespace: dict[str, object] = {}
-        exec(SETUP, namespace)
-        time_side_by_side(namespace, paths, args.rounds, args.threads)
+        time_side_by_side(paths, args.rounds, args.threads)
 
 
-def time_side_by_side(namespace: dict[str, object], paths: dict[str, Path], rounds: int, threads: int) -> None:
+def time_side_by_side(paths: dict[str, Path], rounds: int, threads: int) -> None:
     """Each side's median per round, interleaved, and the ratio of the best medians."""
     import torch
     import torch._inductor
     from torch.utils.benchmark import Timer
 
+    model, x = peers.eager("mobilenetv2"), peers.example("mobilenetv2")  # made as the compiles made them
     torch.set_num_threads(threads)
-    model, x = namespace["model"], namespace["x"]
     calls = {name: torch._inductor.aoti_load_package(str(path)) for name, path in paths.items()}
-    calls["eager"] = model  # type: ignore[assignment]
+    calls["eager"] = model
     with torch.no_grad():
-        want = model(x)  # type: ignore[operator]
+        want = model(x)
         for name, call in calls.items():
-            torch.testing.assert_close(call(x), want, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(call(x), want, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[misc]
         best: dict[str, float] = {}
         for round_ in range(rounds):
             for name, call in calls.items():

@@ -30,130 +30,14 @@ import argparse
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import tempfile
-import textwrap
-import time
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-MODELS = '''
-import torch
-from torch import nn
+from common import HEADER, PROJECTS, build_wheel, cpu_name, timed, unpack, write_package
 
-
-class Tensor(nn.Module):
-    """A transformers model as a function of one tensor to one tensor."""
-
-    def __init__(self, model, argument, field):
-        super().__init__()
-        self.model, self.argument, self.field = model, argument, field
-
-    def forward(self, x):
-        return getattr(self.model(**{self.argument: x}), self.field)
-
-
-def trained_like(model):
-    """``model`` with its activations at the scale training leaves them: convolutions initialised as
-    torchvision initialises these architectures (Kaiming, fan-out), batch norms at scale 1 with their
-    statistics measured on random images. With transformers' initial values (weights of std 0.02,
-    statistics of mean 0 and variance 1) activations shrink layer by layer, in EfficientNet to zero
-    through subnormal floats, which every side computes far slower on Intel CPUs."""
-    for layer in model.modules():
-        if isinstance(layer, nn.Conv2d):
-            nn.init.kaiming_normal_(layer.weight, mode="fan_out")
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
-        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
-            layer.reset_parameters()  # a scale of 1 too: transformers draws EfficientNet's at std 0.02
-            layer.momentum = None  # a plain average over the batches below
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        model.train()
-        for _ in range(4):
-            model(torch.rand(4, 3, 224, 224, generator=generator))
-    return model.eval()
-
-
-def bert():
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    return Tensor(BertModel(BertConfig(), add_pooling_layer=False), "input_ids", "last_hidden_state").eval()
-
-
-def gpt2():
-    from transformers import GPT2Config, GPT2Model
-
-    torch.manual_seed(0)
-    return Tensor(GPT2Model(GPT2Config(use_cache=False)), "input_ids", "last_hidden_state").eval()
-
-
-def resnet50():
-    from transformers import ResNetConfig, ResNetModel
-
-    torch.manual_seed(0)
-    return Tensor(ResNetModel(ResNetConfig()), "pixel_values", "pooler_output").eval()
-
-
-def vit():
-    from transformers import ViTConfig, ViTModel
-
-    torch.manual_seed(0)
-    return Tensor(ViTModel(ViTConfig(), add_pooling_layer=False), "pixel_values", "last_hidden_state").eval()
-
-
-def distilbert():
-    from transformers import DistilBertConfig, DistilBertModel
-
-    torch.manual_seed(0)
-    return Tensor(DistilBertModel(DistilBertConfig()), "input_ids", "last_hidden_state").eval()
-
-
-def t5encoder():
-    from transformers import T5Config, T5EncoderModel
-
-    torch.manual_seed(0)
-    return Tensor(T5EncoderModel(T5Config()), "input_ids", "last_hidden_state").eval()
-
-
-def whisperencoder():
-    from transformers import WhisperConfig
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-    torch.manual_seed(0)
-    return Tensor(WhisperEncoder(WhisperConfig()), "input_features", "last_hidden_state").eval()
-
-
-def convnext():
-    from transformers import ConvNextConfig, ConvNextModel
-
-    torch.manual_seed(0)
-    return Tensor(ConvNextModel(ConvNextConfig()), "pixel_values", "last_hidden_state").eval()
-
-
-def swin():
-    from transformers import SwinConfig, SwinModel
-
-    torch.manual_seed(0)
-    return Tensor(SwinModel(SwinConfig()), "pixel_values", "last_hidden_state").eval()
-
-
-def mobilenetv2():
-    from transformers import MobileNetV2Config, MobileNetV2Model
-
-    torch.manual_seed(0)
-    return trained_like(Tensor(MobileNetV2Model(MobileNetV2Config()), "pixel_values", "last_hidden_state"))
-
-
-def efficientnet():
-    from transformers import EfficientNetConfig, EfficientNetModel
-
-    torch.manual_seed(0)
-    return trained_like(Tensor(EfficientNetModel(EfficientNetConfig()), "pixel_values", "pooler_output"))
-'''
 #: Each model's input: shape, dtype and the end of its values' range (token ids; pixels from 0), from which
 #: the build draws its inputs too (None: the build's normals, timed on [0, 1)).
 INPUTS = {
@@ -172,16 +56,6 @@ INPUTS = {
 }
 #: What runs without --models.
 DEFAULT_MODELS = ["bert", "gpt2", "resnet50", "vit"]
-PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-aoti", "torch==2.13.*"]
-build-backend = "hatchling.build"
-
-[project]
-name = "peerpkg"
-version = "1.0"
-dependencies = ["torch==2.13.*"]
-"""
 TABLE = """
 [tool.hatch.build.targets.wheel.hooks.aoti]
 tune = {tune}
@@ -199,8 +73,7 @@ def build(models: list[str], tune: bool, optimize: str, against: str | None, wor
     """The wheel of ``models`` (and each again with the ``against`` inductor-configs), unpacked into
     ``work/site``; the build's seconds and output."""
     project = work / "project"
-    (project / "peerpkg").mkdir(parents=True)
-    tables = [PYPROJECT, TABLE.format(tune=str(tune).lower(), optimize=optimize)]
+    tables = [HEADER.format(name="peerpkg"), TABLE.format(tune=str(tune).lower(), optimize=optimize)]
     for name in models:
         shape, dtype, high = INPUTS[name]
         table = MODEL_TABLE.format(name=name, shape=shape, dtype=dtype, high=f", high = {high}" if high else "")
@@ -208,37 +81,34 @@ def build(models: list[str], tune: bool, optimize: str, against: str | None, wor
         if against:
             inputs = table.splitlines()[-1]
             tables.append(AGAINST.format(name=name) + f"{inputs}\ninductor-configs = {against}\n")
+    write_package(project, "peerpkg", "peer_models.py")
     (project / "pyproject.toml").write_text("".join(tables), encoding="utf-8")
-    (project / "peerpkg" / "__init__.py").write_text("", encoding="utf-8")
-    (project / "peerpkg" / "models.py").write_text(textwrap.dedent(MODELS), encoding="utf-8")
-    start = time.perf_counter()
     env = {**os.environ, "HATCH_AOTI_NO_CACHE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(work / "dist"), str(project)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        sys.exit(f"the build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    (wheel,) = (work / "dist").glob("*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(work / "site")
-    return work / "site", seconds, proc.stderr
+    wheel, seconds, log = build_wheel(project, work / "dist", env)
+    return unpack(wheel, work / "site"), seconds, log
 
 
-def example(name: str):  # type: ignore[no-untyped-def]
+def eager(name: str) -> Any:
+    """The eager model ``name`` as the wheel's factory makes it (``projects/peer_models.py``)."""
+    if str(PROJECTS) not in sys.path:
+        sys.path.append(str(PROJECTS))
+    import peer_models
+
+    return getattr(peer_models, name)()
+
+
+def example(name: str) -> Any:
     import torch
 
     shape, dtype, high = INPUTS[name]
     generator = torch.Generator().manual_seed(7)
     if dtype == "int64":
+        assert high is not None, "token ids need the vocabulary's size"
         return torch.randint(0, high, shape, generator=generator)
     return torch.rand(shape, generator=generator) * (high or 1)
 
 
-def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def peers(name: str, module: Any, x: Any, threads: int, work: Path) -> dict[str, Callable[[], object]]:
     """ONNX Runtime and OpenVINO callables on one ONNX export of ``module``, each called once; a peer
     that is missing, or cannot take the model, is left out of its row with the reason."""
     import torch
@@ -250,7 +120,7 @@ def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]: 
     except Exception as exc:  # the exporter raises its own types; the row keeps eager and hatch-aoti
         print(f"  torch.onnx cannot export {name}: {last_line(exc)}")
         return {}
-    found: dict[str, object] = {}
+    found: dict[str, Callable[[], object]] = {}
     for peer, start in (("onnxruntime", onnxruntime_call), ("openvino", openvino_call)):
         try:
             call = start(path, x, threads)
@@ -263,7 +133,7 @@ def peers(name: str, module, x, threads: int, work: Path) -> dict[str, object]: 
     return found
 
 
-def onnxruntime_call(path: Path, x, threads: int):  # type: ignore[no-untyped-def]
+def onnxruntime_call(path: Path, x: Any, threads: int) -> Callable[[], object]:
     """One ONNX Runtime session on ``path`` with every graph optimization, as a call on ``x``."""
     import onnxruntime as ort
 
@@ -275,7 +145,7 @@ def onnxruntime_call(path: Path, x, threads: int):  # type: ignore[no-untyped-de
     return lambda: session.run(None, feed)
 
 
-def openvino_call(path: Path, x, threads: int):  # type: ignore[no-untyped-def]
+def openvino_call(path: Path, x: Any, threads: int) -> Callable[[], object]:
     """One OpenVINO model on ``path``, compiled for latency at f32, as a call on ``x``."""
     import openvino as ov
 
@@ -289,23 +159,7 @@ def last_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
 
 
-def timed(calls: dict[str, object], threads: int, rounds: int) -> dict[str, float]:
-    """Each callable's median time (s) per round, interleaved; the median over the rounds."""
-    import statistics
-
-    import torch
-    from torch.utils.benchmark import Timer
-
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    with torch.inference_mode():
-        for _ in range(rounds):
-            for key, call in calls.items():
-                timer = Timer("call()", globals={"call": call}, num_threads=threads)
-                times[key].append(timer.blocked_autorange(min_run_time=1.0).median)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def flops(module, x) -> int:  # type: ignore[no-untyped-def]
+def flops(module: Any, x: Any) -> int:
     """The floating-point operations of one eager call, as torch counts them (matrix products,
     convolutions, attention)."""
     import torch
@@ -322,7 +176,7 @@ def peak(threads: int, n: int = 2048) -> float:
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    calls: dict[str, object] = {"mkl": lambda: torch.mm(a, b)}
+    calls: dict[str, Callable[[], object]] = {"mkl": lambda: torch.mm(a, b)}
     if torch.backends.mkldnn.is_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
         calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
@@ -343,16 +197,6 @@ def rates(rows: list[tuple[str, dict[str, float]]], counts: dict[str, int], fast
                 bounds.setdefault(peer, []).append(seconds / (counts[name] / fastest))
     for peer, values in bounds.items():
         print(f"  {peer} time / the time of its work at that rate: geomean {geomean(values):.2f}x")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def geomean(values: list[float]) -> float:
@@ -398,9 +242,9 @@ def main() -> None:
                 torch.testing.assert_close(model(x), module(x), rtol=1e-3, atol=1e-3)
             other = compiled.load(f"{name}_against") if args.against else None
             calls = {
-                "compiled": lambda model=model, x=x: model(x),
-                **({"against": lambda other=other, x=x: other(x)} if other else {}),
-                "eager": lambda module=module, x=x: module(x),
+                "compiled": lambda model=model, x=x: model(x),  # type: ignore[misc]
+                **({"against": lambda other=other, x=x: other(x)} if other else {}),  # type: ignore[misc]
+                "eager": lambda module=module, x=x: module(x),  # type: ignore[misc]
                 **peers(name, module, x, args.threads, work),
             }
             medians = timed(calls, args.threads, args.rounds)

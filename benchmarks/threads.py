@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,14 +27,14 @@ from hatch_aoti.settings.cpu_targets import resolve  # noqa: E402
 MODELS = {"mlp": (build_mlp, torch.randn(4, 128)), "classifier": (build_classifier, torch.rand(8, 3, 16, 16))}
 
 
-def compile_runner(module: torch.nn.Module, sample: torch.Tensor, dynamic: bool, work: Path) -> object:
+def compile_runner(module: torch.nn.Module, sample: torch.Tensor, dynamic: bool, work: Path) -> Any:
     exported = torch.export.export(module, (sample,))
     configs = {**aoti.inductor_configs({}, resolve("x86-64-v3")), "cpp.dynamic_threads": dynamic}
     files = aoti.compile_program(exported, work / "art", configs, work)
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(work / "art" / files["file"]), 1)
 
 
-def per_call_us(runner: object, sample: torch.Tensor, number: int = 2000) -> float:
+def per_call_us(runner: Any, sample: torch.Tensor, number: int = 2000) -> float:
     start = time.perf_counter()
     for _ in range(number):
         runner.run([sample])

@@ -62,7 +62,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         item.stash[GROUP] = groups[item.path.name]
         item.add_marker(pytest.mark.xdist_group(item.stash[GROUP]))
-    config.stash[NEXT_GROUPS] = {item.stash[GROUP] for item in items if "torch_next_envs" in item.fixturenames}
+        if "torch_next_envs" in item.fixturenames:  # the torch window: installs torch 2.14.1, 3.8 GB
+            item.add_marker(pytest.mark.heavy)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The groups whose tests need the other torch, among the tests left to run: one that ``-m`` left
+    out installs nothing."""
+    session.config.stash[NEXT_GROUPS] = {
+        item.stash[GROUP] for item in session.items if "torch_next_envs" in item.fixturenames
+    }
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it

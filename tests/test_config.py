@@ -285,15 +285,17 @@ def test_the_torch_requirement_key_is_bounded_and_exact_for_precompiled_models(
 def test_the_reference_and_the_schema_are_generated_from_the_settings() -> None:
     from pathlib import Path
 
-    from hatch_aoti.settings.docs import PAGE, SCHEMA, reference_tables, schema_text
+    from hatch_aoti.settings.docs import ENV_PAGE, PAGE, SCHEMA, environment_tables, reference_tables, schema_text
 
     root = Path(__file__).resolve().parent.parent
-    page = (root / PAGE).read_text(encoding="utf-8")
-    for marker, table in reference_tables().items():
-        start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
-        assert start in page, f"{PAGE} lacks the {marker} table"
-        written = page.split(start, 1)[1].split(end, 1)[0]
-        assert written == table, f"{PAGE}'s {marker} table is stale: run `python -m hatch_aoti.settings.docs --write`"
+    for where, tables in ((PAGE, reference_tables()), (ENV_PAGE, environment_tables())):
+        page = (root / where).read_text(encoding="utf-8")
+        for marker, table in tables.items():
+            start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
+            assert start in page, f"{where} lacks the {marker} table"
+            written = page.split(start, 1)[1].split(end, 1)[0]
+            stale = f"{where}'s {marker} table is stale: run `python -m hatch_aoti.settings.docs --write`"
+            assert written == table, stale
     assert (root / SCHEMA).read_text(encoding="utf-8") == schema_text(), f"{SCHEMA} is stale: run the same"
 
 

@@ -910,14 +910,18 @@ def test_calls_waiting_for_an_instance_take_turns(tmp_path: Path, limit: int) ->
 
     made: list[Instance] = []
     pool = loader.runtime.Pool(lambda: made.append(Instance()) or made[-1], limit)
+    failures: list[BaseException] = []  # a thread's exception is only a warning: the test raises them here
 
     def caller(index: int) -> None:
-        for i in range(2000):
-            events.append(("call", index))
-            try:
-                assert pool.run([index, i]) == [index, i]
-            except RuntimeError:
-                pass
+        try:
+            for i in range(2000):
+                events.append(("call", index))
+                try:
+                    assert pool.run([index, i]) == [index, i]
+                except RuntimeError:
+                    pass
+        except BaseException as exc:
+            failures.append(exc)
 
     threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
     interval = sys.getswitchinterval()
@@ -930,6 +934,8 @@ def test_calls_waiting_for_an_instance_take_turns(tmp_path: Path, limit: int) ->
     finally:
         sys.setswitchinterval(interval)
     assert not any(thread.is_alive() for thread in threads)
+    if failures:
+        raise failures[0]
     assert most[0] <= limit and len(made) <= limit and sorted(map(id, pool._free)) == sorted(map(id, made))
     ahead, longest = {}, 0  # runs of other threads between a call and its own run
     for kind, index in events:

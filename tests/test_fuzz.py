@@ -272,7 +272,22 @@ def test_random_valid_calls_are_all_taken_and_match_eager(sample: Any, data: st.
 def test_random_calls_match_eager_or_raise_type_or_value_errors(sample: Any, data: st.DataObject) -> None:
     model, eager, shape = drawn_model(sample, data)
     args, kwargs = data.draw(calls(shape))
-    matches_eager(model, eager, args, kwargs, valid=False)
+    taken = matches_eager(model, eager, args, kwargs, valid=False)
+    assert taken == is_valid(args, kwargs, shape), "taken" if taken else "refused"
+
+
+def is_valid(args: tuple[Any, ...], kwargs: dict[str, Any], shape: list[int]) -> bool:
+    """Whether the model must take a call: one float32 CPU tensor of its shape, in any layout (the
+    classifier's batch anywhere in its range), passed by position or by its parameter's name."""
+    mlp = len(shape) == 2
+    if len(args) + len(kwargs) != 1 or (kwargs and set(kwargs) != {"x" if mlp else "images"}):
+        return False
+    (value,) = (*args, *kwargs.values())
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.device.type != "cpu":
+        return False
+    if mlp:
+        return list(value.shape) == shape
+    return value.dim() == 4 and 1 <= value.shape[0] <= 64 and list(value.shape[1:]) == [3, 16, 16]
 
 
 def drawn_model(sample: Any, data: st.DataObject) -> tuple[Any, Any, list[int]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TABLES, Runtime, build_no_isolation, write_project
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 MODELS = """
     import torch

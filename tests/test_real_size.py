@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import Runtime, build_no_isolation, write_project
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 pytest.importorskip("transformers")
 
 MODELS = """
