@@ -12,11 +12,11 @@ from conftest import REPO
 from hatch_aoti.settings.environment import VARIABLES, Variable
 
 NAME = re.compile(r"HATCH_AOTI_[A-Z0-9_]+")
-#: Where each reader's code is: any ``.py`` below templates/, however the loader is laid out.
+#: Where each reader's code is (the loader is the package every wheel gets a copy of).
 READERS = {
     "build": ["hatch_aoti/**/*.py"],
     "CLI": ["hatch_aoti/**/*.py"],
-    "loader": ["templates/**/*.py"],
+    "loader": ["hatch_aoti/loader/*.py"],
     "tests": ["tests/**/*.py"],
     "scripts": ["scripts/*.sh", ".ci/run"],
 }
