@@ -134,6 +134,7 @@ def _once(url: str, fd: int, size: int, hashed: list[Any], deadline: float, anno
     import http.client
     import urllib.error
     import urllib.parse
+    import urllib.request
 
     opener = _opener(url)
     token = token_for(url)
@@ -318,7 +319,7 @@ def _local(exc: BaseException) -> bool:
 
     if not isinstance(exc, OSError) or isinstance(exc, urllib.error.URLError):
         return False
-    return out_of_space(exc) or exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.EBADF)
+    return out_of_space(exc) or exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM)
 
 
 def problem(name: str, url: str, exc: BaseException) -> str:
