@@ -387,3 +387,19 @@ def test_a_file_swapped_after_the_check_is_never_the_one_mapped(
     entry = {"weights": {**record(server.url()), "tensors": {"w": place}}}
     views = weights.mapped(torch, "m", entry, str(cache), {"c": "w"})  # type: ignore[arg-type]
     assert bytes(views["c"].tolist()) == DATA[:16], "the verified file is the one mapped"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a directory of another user (chown)")
+def test_a_cache_of_another_user_is_read_never_written(server: Server, cache: Path) -> None:
+    path = Path(external.fetched("m", record(server.url())))  # type: ignore[arg-type]
+    for file in (cache, path, Path(f"{path}.verified")):
+        os.chown(file, 12345, 12345)
+    cache.chmod(0o755)
+    before = sorted(p.name for p in cache.iterdir())
+    assert external.fetched("m", record(server.url())) == str(path)  # type: ignore[arg-type]
+    assert sorted(p.name for p in cache.iterdir()) == before and len(server.requests) == 1
+    path.unlink()
+    with pytest.raises(RuntimeError) as caught:
+        external.fetched("m", record(server.url()))  # type: ignore[arg-type]
+    assert "which belongs to another user (uid 12345), who fetches into it: ask them" in str(caught.value)
+    assert len(server.requests) == 1, "nothing fetched into another user's cache"
