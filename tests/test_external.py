@@ -199,15 +199,10 @@ def test_a_cut_download_resumes_where_it_stopped(
     external_build: tuple[Path, Path, str], served: Server, runtime: Runtime, tmp_path: Path
 ) -> None:
     _, site, _ = external_build
-    served.mode = "cut"
-    message = error(load(runtime, site, tmp_path / "cache", check=False))
-    assert message.startswith("RuntimeError: compiled model 'mlp': cannot fetch its weights from http://127.0.0.1:")
-    assert "resumes where it stopped" in message
-    (part,) = (tmp_path / "cache").glob("*.part")
-    have = part.stat().st_size
-    assert have > 0
+    served.mode = "cut"  # the first answer stops half way; the fetch tries again from there
     load(runtime, site, tmp_path / "cache")
-    assert served.requests[-1]["range"] == f"bytes={have}-"
+    assert len(served.requests) == 2 and served.requests[0]["range"] is None
+    assert (served.requests[-1]["range"] or "").startswith("bytes=") and served.requests[-1]["range"] != "bytes=0-"
     assert not list((tmp_path / "cache").glob("*.part"))
 
 
@@ -319,7 +314,9 @@ def test_a_read_only_cache_serves_what_it_holds_and_says_why_it_cannot_fetch(
 
 def tmpfs(path: Path, size: int) -> None:
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True
+    )
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
 

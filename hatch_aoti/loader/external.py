@@ -6,22 +6,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
+import stat
 from typing import Any
 
+from .fetcher import WEIGHTS_TIMEOUT_VARIABLE, Refused, download, out_of_space, problem
 from .schema import Entry, External, Weights
 
 #: Where fetched weights files live: this variable, else the platform's cache directory.
 WEIGHTS_CACHE_VARIABLE = "HATCH_AOTI_WEIGHTS_CACHE"
 
+__all__ = ["WEIGHTS_CACHE_VARIABLE", "WEIGHTS_TIMEOUT_VARIABLE", "cache_dir", "fetched", "opened", "state"]
 
-#: Seconds a fetch may wait for the server at a time (connecting, or for the next bytes).
-WEIGHTS_TIMEOUT_VARIABLE = "HATCH_AOTI_WEIGHTS_TIMEOUT"
-
-
-#: Bytes read, hashed and written at a time: small enough to stay in the CPU's cache between the
-#: three (4 MiB chunks made a loopback fetch two to three times slower).
+#: Bytes hashed at a time.
 _CHUNK = 512 << 10
+
+#: Temporary files: created only where nothing is, never through a symbolic link.
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def cache_dir() -> str:
@@ -53,38 +53,71 @@ def state(name: str, entry: Entry) -> dict[str, Any] | None:
         "size": external["size"],
         "sha256": weights["sha256"],
         "path": path,
-        "cached": _trusted(path, external["size"]),
+        "cached": _cached(path, external["size"]),
     }
 
 
-def _trusted(path: str, size: int) -> bool:
-    """A cached file whose size and modification time are those it had when it was verified."""
+def _cached(path: str, size: int) -> bool:
     try:
-        with open(f"{path}.verified", encoding="utf-8") as f:
-            stamp = json.load(f)
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return _trusted(path, fd, size)
+    finally:
+        os.close(fd)
+
+
+def _trusted(path: str, fd: int, size: int) -> bool:
+    """The open cached file ``fd`` has the size and modification time it had when it was verified, as
+    the stamp beside it, written by the file's owner, says."""
+    try:
+        st = os.fstat(fd)
+        stamp_fd = os.open(f"{path}.verified", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            own = os.fstat(stamp_fd)
+            if not stat.S_ISREG(own.st_mode) or own.st_uid != st.st_uid:
+                return False
+            stamp = json.loads(os.read(stamp_fd, 4096))
+        finally:
+            os.close(stamp_fd)
     except (OSError, ValueError):
         return False
     return (
-        isinstance(stamp, dict) and stamp.get("size") == st.st_size == size and stamp.get("mtime_ns") == st.st_mtime_ns
+        stat.S_ISREG(st.st_mode)
+        and isinstance(stamp, dict)
+        and stamp.get("size") == st.st_size == size
+        and stamp.get("mtime_ns") == st.st_mtime_ns
     )
 
 
-def _stamp(path: str) -> None:
-    st = os.stat(path)
+def _stamp(path: str, fd: int) -> None:
+    st = os.fstat(fd)
     part = f"{path}.verified.{os.getpid()}"
-    with open(part, "w", encoding="utf-8") as f:
+    with contextlib.suppress(FileNotFoundError):  # left by a process of the same id that died
+        os.unlink(part)
+    with open(os.open(part, _NEW, 0o644), "w", encoding="utf-8") as f:
         json.dump({"size": st.st_size, "mtime_ns": st.st_mtime_ns}, f)
     os.replace(part, f"{path}.verified")
 
 
 def fetched(name: str, weights: Weights) -> str:
     """The cached, verified weights file of model ``name``; fetched (and checked) first if it is not."""
+    os.close(opened(name, weights))
+    return cached_path(weights["external"])
+
+
+def opened(name: str, weights: Weights) -> int:
+    """The cached weights file of model ``name``, open, and verified through that open file (its stamp,
+    else its hash), so that what is mapped from it is what was checked, whatever is renamed onto its
+    path meanwhile; fetched (and checked) first if it is not in the cache."""
     external, sha = weights["external"], weights["sha256"]
     path = cached_path(external)
     directory = os.path.dirname(path)
-    if _trusted(path, external["size"]) or _right_in_place(path, sha):
-        return path
+    owner = _usable(name, directory)
+    fd = _verified(path, external["size"], sha, stamp=owner)
+    if fd is not None:
+        return fd
     url = source_url(name, external)
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
         raise RuntimeError(
@@ -92,36 +125,98 @@ def fetched(name: str, weights: Weights) -> str:
             f"they come from {url}: fetch them beforehand with `python -m {_package()} fetch {name}` on a "
             f"machine that is online, or copy the file there"
         )
+    if not owner:
+        raise RuntimeError(
+            f"compiled model {name!r}: its weights are not in the cache {directory}, which belongs to another "
+            f"user (uid {os.stat(directory).st_uid}), who fetches into it: ask them to run `python -m "
+            f"{_package()} fetch {name}`, or set {WEIGHTS_CACHE_VARIABLE} to a directory of your own"
+        )
     try:
-        os.makedirs(directory, exist_ok=True)
         with _locked(os.path.join(directory, f"{external['file']}.lock")):
-            if _trusted(path, external["size"]) or _right_in_place(path, sha):  # fetched meanwhile
-                return path
+            fd = _verified(path, external["size"], sha)  # fetched meanwhile
+            if fd is not None:
+                return fd
             for stale in (path, f"{path}.verified"):  # not the file this wheel was built with: never used
-                if os.path.exists(stale):
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(stale)
-            _download(name, url, path, external["size"], sha)
-            _stamp(path)
-            return path
+            fd = _download(name, url, path, external["size"], sha)
+            try:
+                _stamp(path, fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
     except RuntimeError:
         raise
     except OSError as exc:
         raise RuntimeError(_disk_problem(name, directory, external["size"], exc)) from None
 
 
-def _right_in_place(path: str, sha: str) -> bool:
-    """A cached file not known to be verified (copied in by hand, or changed since): hashed now, and
-    trusted from now on if it is right. A wrong one is removed only under the lock, by the fetch."""
-    if not os.path.exists(path) or _digest_of(path) != sha:
-        return False
-    with contextlib.suppress(OSError):  # a read-only cache (an image's mirror): checked again next time
-        _stamp(path)
-    return True
+def _usable(name: str, directory: str) -> bool:
+    """Check the cache directory (created 0700 if it is missing) before anything in it is trusted; whether
+    this user owns it (and fetches into it), rather than reads another user's."""
+    try:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        why = untrusted(directory)
+    except OSError as exc:
+        raise RuntimeError(_disk_problem(name, directory, 0, exc)) from None
+    if why:
+        raise RuntimeError(
+            f"compiled model {name!r}: the weights cache {directory} cannot be trusted: {why}; "
+            f"or set {WEIGHTS_CACHE_VARIABLE} to a directory of your own"
+        )
+    return os.stat(directory).st_uid == os.getuid()
+
+
+def untrusted(directory: str) -> str | None:
+    """Why the weights cache ``directory`` must not be used, or ``None``: as the compile cache and ssh
+    treat theirs, whoever can write it or replace it could swap the weights every load maps (and a
+    verified stamp spares the hashing). Its owner may be another user, whose fetches it then serves."""
+    info = os.stat(directory)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"other users can write to it (mode {stat.S_IMODE(info.st_mode):o}); run `chmod go-w {directory}`"
+    real = os.path.realpath(directory)
+    parent = os.path.dirname(real)
+    while True:
+        above = os.stat(parent)
+        if above.st_uid not in (os.getuid(), 0, info.st_uid):
+            return f"{parent} above it belongs to another user (uid {above.st_uid})"
+        if above.st_mode & stat.S_IWOTH and not above.st_mode & stat.S_ISVTX:
+            return f"anyone can replace it: {parent} above it is world-writable without the sticky bit"
+        if parent == os.path.dirname(parent):
+            return None
+        parent = os.path.dirname(parent)
+
+
+def _verified(path: str, size: int, sha: str, stamp: bool = True) -> int | None:
+    """The cached file, open, if it is the right one: stamped as verified, or hashed now through the same
+    open file (and stamped, where ``stamp`` and the cache allow). A wrong one is removed only under the
+    lock, by the fetch."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_size == size:
+            if _trusted(path, fd, size):
+                return fd
+            if _digest_of(fd) == sha:
+                if stamp:
+                    with contextlib.suppress(OSError):  # a read-only cache (an image's mirror): hashed each time
+                        _stamp(path, fd)
+                return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 def _disk_problem(name: str, directory: str, size: int, exc: OSError) -> str:
     where = f"compiled model {name!r}: cannot store its weights in {directory}"
-    if _out_of_space(exc):
+    if out_of_space(exc):
         need = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
         return f"{where}: not enough disk space or quota ({need} needed); free some, or set {WEIGHTS_CACHE_VARIABLE}"
     return f"{where} ({exc.strerror or exc}); set {WEIGHTS_CACHE_VARIABLE} to a writable directory"
@@ -134,9 +229,17 @@ class _locked:
         self.path = path
 
     def __enter__(self) -> None:
+        import errno
         import fcntl
 
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink(self.path)  # a symbolic link where the lock goes: never followed
+            self.fd = os.open(self.path, flags | os.O_EXCL, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except BaseException:
@@ -147,153 +250,91 @@ class _locked:
         os.close(self.fd)  # releases the lock
 
 
-def _digest_of(path: str, hasher: Any = None) -> str:
+def _digest_of(fd: int, hasher: Any = None) -> str:
+    """The sha256 of the open file ``fd``, read from its start."""
     import hashlib
 
     hasher = hasher or hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            hasher.update(chunk)
+    buffer = memoryview(bytearray(_CHUNK))
+    offset = 0
+    while length := os.preadv(fd, [buffer], offset):
+        hasher.update(buffer[:length])
+        offset += length
     return str(hasher.hexdigest())
 
 
-def _download(name: str, url: str, path: str, size: int, sha: str) -> None:
+def _open_part(part: str) -> int:
+    """The partial file, to resume: one this user wrote (a regular file, not a link to another), else a
+    new one, created where nothing is."""
+    try:
+        fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pass
+    except OSError:  # a symbolic link (ELOOP), say: removed, never followed
+        os.unlink(part)
+    else:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        os.unlink(part)
+    return os.open(part, (_NEW & ~os.O_WRONLY) | os.O_RDWR, 0o644)
+
+
+def _download(name: str, url: str, path: str, size: int, sha: str) -> int:
     """Fetch ``url`` into ``path``: resumed where an earlier fetch stopped (HTTP Range), hashed as it is
-    written, and renamed into place only once its size and sha256 are the ones the wheel records."""
+    written, and renamed into place only once its size and sha256 are the ones the wheel records; the
+    file, open."""
     import hashlib
-    import urllib.parse
-    import urllib.request
 
     part = f"{path}.part"
-    hasher = hashlib.sha256()
-    have = os.path.getsize(part) if os.path.exists(part) else 0
-    if have > size:
-        os.remove(part)
-        have = 0
-    if have:
-        _digest_of(part, hasher)
-    request = urllib.request.Request(url, headers={"User-Agent": "hatch-aoti-loader"})
-    host = urllib.parse.urlsplit(url).hostname or ""
-    token = os.environ.get("HF_TOKEN")
-    if token and (host == "huggingface.co" or host.endswith(".huggingface.co")):
-        request.add_unredirected_header("Authorization", f"Bearer {token}")  # not to the CDN it redirects to
-    if have:
-        request.add_header("Range", f"bytes={have}-")
-    if have < size:  # else all of it came before: only the check is left
-        try:
-            with urllib.request.urlopen(request, timeout=_timeout()) as response:
-                if have and getattr(response, "status", 200) != 206:  # the server sends it all again
-                    have, hasher = 0, hashlib.sha256()
-                with open(part, "ab" if have else "wb") as out:
-                    have += _copy_hashing(response, out, hasher)
-        except Exception as exc:
-            if _local_fault(exc):  # the cache's disk, not the server
-                if _out_of_space(exc):  # the partial file is what filled the disk: not kept to resume from
+    fd = _open_part(part)
+    try:
+        have = os.fstat(fd).st_size
+        if have > size:
+            os.ftruncate(fd, 0)
+            have = 0
+        hashed = [hashlib.sha256()]
+        if have:
+            _digest_of(fd, hashed[0])
+        if have < size:  # else all of it came before: only the check is left
+            try:
+                have = download(name, url, fd, size, hashed, path)
+            except RuntimeError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, OSError) and not isinstance(exc, Refused) and _local_fault(exc):
+                    if out_of_space(exc):  # the partial file is what filled the disk: not kept to resume from
+                        with contextlib.suppress(OSError):
+                            os.remove(part)
+                    raise
+                if isinstance(exc, Refused):  # nothing the server sent this time is kept
                     with contextlib.suppress(OSError):
                         os.remove(part)
-                raise
-            raise RuntimeError(_fetch_problem(name, url, exc)) from None
-    if have < size:  # the server stopped early: what came is kept for the next try to resume from
-        raise RuntimeError(
-            _fetch_problem(name, url, ConnectionError(f"the connection closed after {have} of {size} bytes"))
-        )
-    if have != size or hasher.hexdigest() != sha:
-        os.remove(part)
-        got = f"{have} bytes" if have != size else f"sha256 {hasher.hexdigest()}"
-        raise RuntimeError(
-            f"compiled model {name!r}: the weights fetched from {url} are not the ones it was built with "
-            f"(expected {size} bytes with sha256 {sha}, got {got}); the download was removed. Check that the "
-            f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
-        )
-    os.replace(part, path)
+                raise RuntimeError(problem(name, url, exc)) from None
+        digest = hashed[0].hexdigest()
+        if have != size or digest != sha:
+            os.remove(part)
+            got = f"{have} bytes" if have != size else f"sha256 {digest}"
+            raise RuntimeError(
+                f"compiled model {name!r}: the weights fetched from {url} are not the ones it was built with "
+                f"(expected {size} bytes with sha256 {sha}, got {got}); the download was removed. Check that the "
+                f"URL serves the file the build wrote, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()} to one that does"
+            )
+        os.replace(part, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _timeout() -> float:
-    text = os.environ.get(WEIGHTS_TIMEOUT_VARIABLE) or "30"
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise RuntimeError(f"{WEIGHTS_TIMEOUT_VARIABLE}={text!r}: expected a number of seconds above 0")
-    return value
-
-
-def _copy_hashing(source: Any, out: Any, hasher: Any) -> int:
-    """Copy ``source`` to ``out``, hashing the bytes on the way; the hashing and writing run in a thread
-    beside the reading (all three release the GIL), so the bytes are gone over once, at the network's
-    pace. Buffers are reused in turn: the bytes are read into them, not copied out."""
-    import queue
-
-    buffers = [memoryview(bytearray(_CHUNK)) for _ in range(4)]
-    free: queue.Queue[memoryview] = queue.Queue()
-    for buffer in buffers:
-        free.put(buffer)
-    filled: queue.Queue[tuple[memoryview, int] | None] = queue.Queue()
-    failed: list[BaseException] = []
-
-    def drain() -> None:
-        while (item := filled.get()) is not None:
-            buffer, length = item
-            if not failed:
-                try:
-                    hasher.update(buffer[:length])
-                    out.write(buffer[:length])
-                except BaseException as exc:  # a full disk, say: raised in the reading thread
-                    failed.append(exc)
-            free.put(buffer)
-
-    writer = threading.Thread(target=drain, name="hatch-aoti-fetch", daemon=True)
-    writer.start()
-    copied = 0
-    try:
-        while not failed:
-            buffer = free.get()
-            length = source.readinto(buffer)
-            if not length:
-                free.put(buffer)
-                break
-            filled.put((buffer, length))
-            copied += length
-    finally:
-        filled.put(None)
-        writer.join()
-    if failed:
-        raise failed[0]
-    return copied
-
-
-def _out_of_space(exc: Exception) -> bool:
-    import errno
-
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def _local_fault(exc: Exception) -> bool:
+def _local_fault(exc: OSError) -> bool:
     import errno
     import urllib.error
 
-    if not isinstance(exc, OSError) or isinstance(exc, urllib.error.URLError):
+    if isinstance(exc, urllib.error.URLError):
         return False
-    return _out_of_space(exc) or exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM)
-
-
-def _fetch_problem(name: str, url: str, exc: Exception) -> str:
-    import urllib.error
-
-    where = f"compiled model {name!r}: cannot fetch its weights from {url}"
-    if isinstance(exc, urllib.error.HTTPError):
-        hint = " (a gated or private repository needs HF_TOKEN)" if exc.code in (401, 403) else ""
-        return (
-            f"{where}: HTTP {exc.code} {exc.reason}{hint}; check the URL, or set HATCH_AOTI_WEIGHTS_URL_{name.upper()}"
-        )
-    reason = getattr(exc, "reason", None) or exc
-    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-        reason = f"no answer within {_timeout():g} s ({WEIGHTS_TIMEOUT_VARIABLE})"
-    return (
-        f"{where}: {reason}. Offline? Fetch them beforehand with `python -m {_package()} fetch {name}`, or set "
-        f"HATCH_AOTI_WEIGHTS_URL_{name.upper()} to a mirror; an interrupted fetch resumes where it stopped"
-    )
+    return out_of_space(exc) or exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM)
 
 
 def _package() -> str:

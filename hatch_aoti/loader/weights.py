@@ -21,8 +21,7 @@ def mapped(
     name; ``constants`` maps each to its name in the weights index (or in ``places``)."""
     weights = entry["weights"]
     places = weights["tensors"] if places is None else places
-    path = file_path(name, entry, directory)
-    blob = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
+    blob = _blob(torch, name, entry, directory)
     views = {}
     for constant, fqn in constants.items():
         t = places[fqn]
@@ -34,11 +33,19 @@ def mapped(
     return views
 
 
-def file_path(name: str, entry: Entry, directory: str) -> str:
-    """The weights file to map: the one shipped beside the library, or an external one, fetched if needed."""
+def _blob(torch: Any, name: str, entry: Entry, directory: str) -> Any:
+    """The whole weights file, mapped. An external one is mapped through the very open file that was
+    verified (``/proc/self/fd/N`` opens that file again, not whatever its name points to now), so a file
+    renamed onto the cache's path after the check is never the one mapped."""
     weights = entry["weights"]
     if "external" not in weights:
-        return os.path.join(directory, weights["file"])
-    from .external import fetched
+        path = os.path.join(directory, weights["file"])
+        return torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
+    from .external import opened
 
-    return fetched(name, weights)
+    fd = opened(name, weights)
+    try:
+        through = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
+        return torch.from_file(through, shared=False, size=os.fstat(fd).st_size, dtype=torch.uint8)
+    finally:
+        os.close(fd)
