@@ -116,7 +116,7 @@ VARIABLES: tuple[Variable, ...] = (
         "HATCH_AOTI_WEIGHTS_TIMEOUT",
         ("loader",),
         "`30`",
-        "seconds a weights fetch waits for the server at a time",
+        "seconds a weights fetch waits for the server at a time; the whole fetch has 10 times that plus 1 s per MiB",
         "configuration.md#external-weights",
     ),
     Variable(
@@ -147,6 +147,31 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "sent as a bearer token with weights fetches from `huggingface.co` URLs only (gated or private repositories)",
         "configuration.md#external-weights",
+        "others",
+    ),
+    Variable(
+        "HF_HOME",
+        ("loader",),
+        "`~/.cache/huggingface`",
+        "where the token `hf auth login` saved is read from (`$HF_HOME/token`) when `HF_TOKEN` is unset",
+        "configuration.md#external-weights",
+        "others",
+    ),
+    Variable(
+        "HF_TOKEN_PATH",
+        ("loader",),
+        "`$HF_HOME/token`",
+        "the file the token is read from when `HF_TOKEN` is unset",
+        "configuration.md#external-weights",
+        "others",
+    ),
+    Variable(
+        "SSL_CERT_FILE",
+        ("loader",),
+        "the system's certificates",
+        "the certificates a weights fetch over https trusts (as `REQUESTS_CA_BUNDLE` and `CURL_CA_BUNDLE`, "
+        "which come first), for hosts behind a proxy that presents its own",
+        "guarantees.md#fetched-weights",
         "others",
     ),
     Variable(
