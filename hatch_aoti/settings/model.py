@@ -394,7 +394,7 @@ class Table:
         shown="the wheel's only top-level package",
         check=_package,
     )
-    loader: str = key("module name of the generated loader (`my_pkg.compiled`)", default="compiled", check=_module_name)
+    loader: str = key("name of the loader package (`my_pkg.compiled`)", default="compiled", check=_module_name)
     torch_requirement: str | None = key(
         "`Requires-Dist` written for torch (setuptools, where `[project] dynamic` lists `dependencies`; otherwise "
         "state torch in `[project] dependencies`); must allow the torch that builds the wheel",
