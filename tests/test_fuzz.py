@@ -177,6 +177,9 @@ def sample(sample_dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFac
     sys.path.insert(0, str(target))
     try:
         from sample_models import compiled, models
+
+        for name in compiled.names():  # loaded while the package can be imported: load() keeps them
+            compiled.load(name)
     finally:
         sys.path.remove(str(target))
         for name in [m for m in sys.modules if m.split(".")[0] == "sample_models"]:

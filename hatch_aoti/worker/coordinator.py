@@ -11,6 +11,7 @@ Run as ``python -m hatch_aoti.worker.coordinator JOB`` by the build backend (``p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 import sys
 import time
@@ -423,11 +424,18 @@ class Coordinator:
                 write_runtime(self.package, name, runtime)
 
     def staged_loader(self, models: dict[str, dict[str, Any]]) -> Any:
-        """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it."""
+        """A fresh import of the loader that ships, over a manifest holding ``models``: verification uses it.
+        It reads the manifest now, since the next staged loader writes another over it."""
         from hatch_aoti.pipeline.artifacts import import_package
 
         self.write_manifest(models)
-        return import_package(f"_hatch_aoti_staged_{len(self.entries)}", self.package / self.job.loader)
+        loader = import_package(f"_hatch_aoti_staged_{next(_STAGED)}", self.package / self.job.loader)
+        loader.names()
+        return loader
+
+
+#: Each staged loader's import name is its own: candidates of a tuned model are loaded side by side.
+_STAGED = itertools.count()
 
 
 FOREIGN_CONTAINERS = (
