@@ -6,7 +6,7 @@ unpacks it, and times in this one process, interleaved round by round:
 - ``model.runner.run(flat_tensors)``: the same AOTInductor runner on the inputs already flattened;
 - the eager model, for reference.
 
-Usage: ``.venv-test/bin/python benchmarks/calls.py [--rounds 7] [--loader OTHER_TEMPLATE]``. Prints microseconds per
+Usage: ``.venv-test/bin/python benchmarks/calls.py [--rounds 7] [--loader LOADER_DIR]``. Prints microseconds per
 call (the median of each round's ``torch.utils.benchmark`` measurement, then the smallest
 over the rounds) and the loader's overhead over the raw runner.
 """
