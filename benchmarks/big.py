@@ -113,7 +113,7 @@ def main() -> None:
         write_package(project, "bigpkg", "big_models.py", N=args.n)
         (project / "pyproject.toml").write_text(HEADER.format(name="bigpkg") + PYPROJECT.format(n=args.n, extra=extra))
         env = {**os.environ, "HATCH_AOTI_CACHE_DIR": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind")}
-        wall, peak_total, peak_one, output = sampled(build_command(project, work / "dist"), env, project)
+        wall, peak_total, peak_one, output, *_ = sampled(build_command(project, work / "dist"), env, project)
         wheel = only_wheel(work / "dist")
         cache_size = sum(p.stat().st_size for p in (work / "cache" / "v2" / "entries").rglob("*") if p.is_file())
         print(f"weights {weights / gb:.2f} GiB")

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -179,30 +180,73 @@ def tree_rss(root: int) -> dict[int, int]:
     return {pid: sizes.get(pid, 0) for pid in family}
 
 
-def sampled(cmd: list[str], env: Mapping[str, str], cwd: Path) -> tuple[float, int, int, str]:
-    """(wall seconds, peak RSS of the whole tree, peak RSS of its largest process, output)."""
+class Sampled(NamedTuple):
+    """What :func:`sampled` measured of a command."""
+
+    seconds: float
+    total: int
+    """The highest sum of the RSS of the command's process tree (sampled every 20 ms)."""
+    largest: int
+    """The highest RSS of one process of the tree (sampled)."""
+    output: str
+    maxrss: int
+    """The highest RSS of one process of the tree as the kernel counts it: the command's ``ru_maxrss``
+    from ``wait4``, its own or its largest waited-for descendant's, which is what GNU time's ``%M``
+    reports. It misses no short peak that the sampling would, and counts the file pages a process maps."""
+    peaked: str
+    """Which process had the largest sampled RSS, by what it runs."""
+
+
+def sampled(cmd: list[str], env: Mapping[str, str], cwd: Path) -> Sampled:
+    """``cmd`` run to its end, its output kept and its memory measured (see :class:`Sampled`)."""
     proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak_total = peak_one = 0
+    peaked = ""
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak_total, peak_one
+        nonlocal peak_total, peak_one, peaked
         while not done.is_set():
             sizes = tree_rss(proc.pid)
             peak_total = max(peak_total, sum(sizes.values()))
-            peak_one = max(peak_one, max(sizes.values(), default=0))
+            pid, size = max(sizes.items(), key=lambda item: item[1], default=(0, 0))
+            if size > peak_one:
+                peak_one, peaked = size, process_name(pid) or peaked
             time.sleep(0.02)
 
     start = time.perf_counter()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    output, _ = proc.communicate()
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    _, wait_status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(wait_status)
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
+    proc.stdout.close()
     if proc.returncode:
         raise SystemExit(output)
-    return wall, peak_total, peak_one, output
+    return Sampled(wall, peak_total, peak_one, output, usage.ru_maxrss * 1024, peaked)
+
+
+def process_name(pid: int) -> str:
+    """What process ``pid`` of a build is: the coordinator, a compile helper, the build backend, the
+    front end, or its command's first word."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    line = " ".join(argv)
+    for marker, name in (
+        ("hatch_aoti.worker.coordinator", "the coordinator"),
+        ("hatch_aoti.worker.helpers", "a compile helper"),
+        ("_in_process.py", "the build backend"),
+        ("-m build", "python -m build"),
+    ):
+        if marker in line:
+            return name
+    return Path(argv[0]).name
 
 
 def cpu_name() -> str:

@@ -36,6 +36,43 @@ def test_the_float64_run_widens_inputs_weights_and_casts_without_copying_the_mod
     torch.testing.assert_close(wide, expected, rtol=1e-12, atol=1e-12)
 
 
+class Vocabulary(torch.nn.Module):
+    """An embedding and an output layer over a vocabulary, as a language model has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(4096, 64)
+        self.out, self.tied = torch.nn.Linear(64, 4096), torch.nn.Linear(64, 4096, bias=False)
+
+    def forward(self, ids):  # type: ignore[no-untyped-def]
+        h = self.embed(ids)
+        return self.out(h) + torch.nn.functional.linear(h, self.tied.weight), self.out(h[0])
+
+
+def test_the_float64_run_widens_a_large_weight_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_aoti.worker.verify import Float64
+
+    torch.manual_seed(0)
+    model, ids = Vocabulary().to(torch.bfloat16).eval(), torch.randint(0, 4096, (2, 5))
+    whole = reference(model, (ids,), {})
+    widened: list[int] = []
+    to = torch.Tensor.to
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = to(self, *args, **kwargs)
+        if out.dtype is torch.float64 and out is not self:
+            widened.append(out.numel())
+        return out
+
+    monkeypatch.setattr(Float64, "BLOCK", 8 * 64 * 512, raising=False)  # 512 rows of 64 in float64
+    monkeypatch.setattr(torch.Tensor, "to", counted)
+    blockwise = reference(model, (ids,), {})
+    assert max(widened) <= 64 * 512, "no weight of 4096 x 64 is widened whole"
+    for a, b in zip(whole, blockwise):
+        assert b.dtype is torch.float64
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
 def test_a_compiled_output_as_close_as_eager_passes_and_a_further_one_fails() -> None:
     model, x = net(), torch.randn(8, 64, dtype=torch.bfloat16)
     with torch.no_grad():

@@ -24,7 +24,7 @@ from hatch_aoti.pipeline.children import Parent
 from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
 from hatch_aoti.settings.spec import ModelSpec
 from hatch_aoti.store.cache import NoSpace, out_of_space
-from hatch_aoti.worker.bootstrap import setup
+from hatch_aoti.worker.bootstrap import hand_back_freed, setup
 from hatch_aoti.worker.checks import Prepared, check_model
 from hatch_aoti.worker.facts import program_facts, resolved_weights, weights_size
 from hatch_aoti.worker.helpers import Helpers, Outcome, lasting
@@ -75,6 +75,7 @@ class Coordinator:
             self.emit(protocol.Problems(problems))
             return
         misses = [m for model in prepared for m in self.export_and_look_up(model)]
+        hand_back_freed()  # what export traced
         self.compile(misses)
         self.tuner.time_candidates(prepared)
         if not self.failed:
@@ -321,6 +322,7 @@ class Coordinator:
         if outcome.error is not None:
             self.fail_or_drop(miss, "compile", outcome.error, lasting=outcome.lasting)
             return
+        hand_back_freed()  # what the compile built: verification's peak comes on top of what is left
         entry = {**(outcome.files or {}), **miss.entry}
         entry["files"] = shipped_files(self.artifacts / miss.label, entry)
         entry["sizes"] = {rel: (self.artifacts / miss.label / rel).stat().st_size for rel in entry["files"]}

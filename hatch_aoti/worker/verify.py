@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -230,6 +230,10 @@ class Float64(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in self.BLOCKWISE:
+            out = self.BLOCKWISE[name](self, func, args, kwargs)
+            if out is not None:
+                return out
         floating_cast = name in self.DOWN or (name in self.CASTS and self._to_floating(args[1:], kwargs))
         args, kwargs = pytree.tree_map(self._wide, (args, kwargs))
         if floating_cast and args and isinstance(args[0], torch.Tensor) and args[0].dtype is torch.float64:
@@ -254,6 +258,42 @@ class Float64(TorchFunctionMode):
         if isinstance(value, torch.dtype) and value in self.FLOATING:
             return torch.float64
         return value
+
+    def _embedding(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A lookup in a large table: the rows read, widened after the lookup (exact, as a lookup does
+        no arithmetic), not the whole table; ``None`` where the table is small or renormalised."""
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
+        if not self._large(weight) or max_norm is not None:
+            return None
+        return func(*args, **kwargs).to(torch.float64)
+
+    def _linear(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A linear layer with a large weight: computed a block of output features at a time, each
+        block's weight widened on its own; ``None`` where the weight is small."""
+        names = ("input", "weight", "bias")
+        given: dict[str, Any] = {**dict(zip(names, args)), **kwargs}
+        x: Any = given.get("input")
+        weight: Any = given.get("weight")
+        bias: Any = given.get("bias")
+        if not self._large(weight) or weight.dim() != 2 or not isinstance(x, torch.Tensor) or set(given) - set(names):
+            return None
+        x = self._wide(x)
+        rows = max(1, self.BLOCK // (max(1, weight.shape[1]) * 8))
+        blocks = [
+            func(x, self._wide(weight[i : i + rows]), None if bias is None else self._wide(bias[i : i + rows]))
+            for i in range(0, weight.shape[0], rows)
+        ]
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+
+    def _large(self, weight: Any) -> bool:
+        """A floating tensor whose float64 copy would pass :attr:`BLOCK`."""
+        return isinstance(weight, torch.Tensor) and weight.dtype in self.FLOATING and weight.numel() * 8 > self.BLOCK
+
+    #: The most bytes of one weight widened at once: a whole large weight in float64 (a vocabulary's
+    #: embedding or output layer, 4x its bfloat16 size) would otherwise be the verification's peak.
+    BLOCK = 64 << 20
+    BLOCKWISE: ClassVar[dict[str, Callable[..., Any]]] = {"embedding": _embedding, "linear": _linear}
 
 
 def reference(module: Any, args: Any, kwargs: Any) -> Any:
