@@ -200,6 +200,19 @@ MALFORMED = {
     "file in file": lambda r: naming(r, "a", "a/x"),
     "not normalised": lambda r: naming(r, "a/", "a/x"),
     "outside": lambda r: naming(r, "../x"),
+    "code in a number": lambda r: {
+        "entry": {
+            **r["entry"],
+            "call": [
+                {
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "shape": [{"name": "n", "min": "__import__('os').getpid() and 0", "max": None}],
+                }
+            ],
+        }
+    },
+    "weights outside": lambda r: {"entry": {**r["entry"], "weights": {"file": "../../../../.pypirc", "tensors": {}}}},
 }
 
 

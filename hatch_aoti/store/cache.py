@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hatch_aoti.pipeline.artifacts import file_hashes, sha256
+from hatch_aoti.pipeline.manifest import entry_problem
 from hatch_aoti.store.owned import OwnedDir, sweep
 
 FORMAT = "v2"
@@ -117,6 +118,28 @@ def record_files(artifact: Path, record: dict[str, Any]) -> dict[str, str]:
     """sha256 of each of an entry's files, reusing the digests the build made (weights can be GBs)."""
     known = (record.get("entry") or {}).get("files") or {}
     return file_hashes(artifact, known if isinstance(known, dict) else {})
+
+
+def record_problem(record: dict[str, Any], backend: str) -> str | None:
+    """What keeps the build from using a cache record's manifest entry and verification report, or
+    ``None``: a record either tier finds failing it is a miss, and the model compiles again."""
+    entry: Any = record.get("entry")
+    errors = record.get("errors")
+    problem = entry_problem(entry)
+    if problem is not None:
+        return f"has an unusable manifest entry: {problem}"
+    if entry.get("files") != record["files"]:
+        return "has a manifest entry whose files are not its own"
+    if entry.get("backend") != backend:
+        return f"is not of the {backend} backend"
+    report = entry.get("verification")
+    if not isinstance(report, dict) or report.get("passed") not in (True, None):
+        return "has no verification report"
+    if not isinstance(report.get("tried", []), list):
+        return "has an unusable verification report"
+    if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
+        return "has unusable errors"
+    return None
 
 
 def default_root() -> Path:
@@ -350,6 +373,10 @@ class CompileCache:
         if present != set(files):
             return False
         return all(sha256(artifact / rel) == digest for rel, digest in files.items())
+
+    def discard(self, key: str) -> None:
+        """Remove an entry found unusable (its record fails the build's checks), so that it is rebuilt."""
+        self._discard(self._entry_dir(key))
 
     def _discard(self, entry_dir: Path) -> None:
         """Move an entry (damaged or evicted) out of the way in one step, then delete it.

@@ -21,11 +21,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, TypeVar
 
 from hatch_aoti.pipeline.artifacts import sha256
-from hatch_aoti.store.cache import out_of_space
+from hatch_aoti.pipeline.manifest import MAX_FILE_SIZE, inside
+from hatch_aoti.store.cache import out_of_space, record_problem
 
 ENV_URL = "HATCH_AOTI_REMOTE_CACHE"
 ENV_MODE = "HATCH_AOTI_REMOTE_CACHE_MODE"
@@ -35,8 +36,6 @@ FORMAT = "v2"
 DEFAULT_TIMEOUT = 30.0
 #: A transfer may take the timeout plus one second per MiB it moves.
 SECONDS_PER_BYTE = 1 / 2**20
-#: Larger than any file a record may name (a bound on how long a download may take).
-MAX_SIZE = 2**40
 #: The extra of hatch-aoti that brings a protocol's package.
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -316,7 +315,7 @@ def parse_record(raw: bytes, key: str, backend: str) -> dict[str, Any]:
         raise Damaged("its record is not JSON") from None
     if not isinstance(record, dict) or record.get("key") != key:
         raise Damaged("its record is for another key")
-    problem = _files_problem(record) or _entry_problem(record, backend)
+    problem = _files_problem(record) or record_problem(record, backend)
     if problem is not None:
         raise Damaged(f"its record {problem}")
     return record
@@ -329,37 +328,14 @@ def _files_problem(record: dict[str, Any]) -> str | None:
     if not isinstance(sizes, dict) or set(sizes) != set(files):
         return "gives its files no sizes"
     for rel, digest in files.items():
-        if not _inside(rel) or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        if not inside(rel) or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             return f"names a file it may not ({rel!r})"
-        if type(sizes[rel]) is not int or not 0 <= sizes[rel] < MAX_SIZE:
+        if type(sizes[rel]) is not int or not 0 <= sizes[rel] <= MAX_FILE_SIZE:
             return f"gives {rel} no size"
     if any(other.startswith(f"{rel}/") for rel in files for other in files):
         return "names a file inside another"
     if not isinstance(executable, list) or not all(isinstance(e, str) and e in files for e in executable):
         return "lists executables it does not hold"
-    return None
-
-
-def _entry_problem(record: dict[str, Any], backend: str) -> str | None:
-    """What keeps the build from using the record's manifest entry and verification report."""
-    from hatch_aoti.pipeline.manifest import entry_problem
-
-    entry: Any = record.get("entry")
-    errors = record.get("errors")
-    problem = entry_problem(entry)
-    if problem is not None:
-        return f"has an unusable manifest entry: {problem}"
-    if entry.get("files") != record["files"]:
-        return "has a manifest entry whose files are not its own"
-    if entry.get("backend") != backend:
-        return f"is not of the {backend} backend"
-    report = entry.get("verification")
-    if not isinstance(report, dict) or report.get("passed") not in (True, None):
-        return "has no verification report"
-    if not isinstance(report.get("tried", []), list):
-        return "has an unusable verification report"
-    if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
-        return "has unusable errors"
     return None
 
 
@@ -385,11 +361,3 @@ def _link(data: bytes, path: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
-
-
-def _inside(rel: Any) -> bool:
-    """Whether ``rel`` is a plain relative path that stays in the artifact's directory."""
-    if not isinstance(rel, str) or not rel or "\\" in rel:
-        return False
-    path = PurePosixPath(rel)
-    return path.as_posix() == rel and not path.is_absolute() and ".." not in path.parts
