@@ -200,3 +200,14 @@ def test_a_local_record_with_a_hostile_entry_is_rebuilt(tmp_path: Path, hostile:
         "m", DIGEST, "aoti", tmp_path / "out"
     )
     assert found is not None and found[1] == "local" and len(notices) == 1
+
+
+def test_index_rows_takes_placeholders_that_are_not_tensors() -> None:
+    """torch's export example ``tensor_setattr`` has a str input: its placeholder's value is the str."""
+    from types import SimpleNamespace
+
+    from hatch_aoti.worker.entry import index_rows
+
+    node = SimpleNamespace(op="placeholder", name="attr", meta={"val": "weight"}, users={})
+    none = SimpleNamespace(op="placeholder", name="flag", meta={"val": None}, users={})
+    assert index_rows(SimpleNamespace(graph=SimpleNamespace(nodes=[node, none]))) == {}
