@@ -174,8 +174,9 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
 
     A hit is shipped in wheels as found, so whoever can write the cache can put code into
     every wheel built from it. As ssh treats key files: the directory must belong to this
-    user and be writable by nobody else, and no directory above it may let others
-    replace it (writable by others without the sticky bit, or owned by another user).
+    user and be writable by nobody else, and no directory above where it really is (its
+    symlinks resolved) may let others replace it (writable by its group or by anyone
+    without the sticky bit, or owned by another user).
     """
     uid = os.getuid() if uid is None else uid
     if root.exists():
@@ -184,14 +185,18 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
             return f"it belongs to another user (uid {info.st_uid})"
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"other users can write to it (mode {stat.S_IMODE(info.st_mode):o}); run `chmod go-w {root}`"
-    for parent in root.absolute().parents:
+    for parent in root.resolve().parents:  # where it is, its symlinks followed: each of those may replace it
         if not parent.exists():
             continue
         info = parent.stat()
         if info.st_uid not in (uid, 0):
             return f"{parent} above it belongs to another user (uid {info.st_uid})"
-        if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        if info.st_mode & stat.S_ISVTX:  # like /tmp: only a file's owner may rename it
+            continue
+        if info.st_mode & stat.S_IWOTH:
             return f"anyone can replace it: {parent} above it is world-writable without the sticky bit"
+        if info.st_mode & stat.S_IWGRP:
+            return f"its group can replace it: {parent} above it is group-writable; run `chmod g-w {parent}`"
     return None
 
 

@@ -208,7 +208,8 @@ class RemoteCache:
             raise Damaged(f"its file {rel} has {found} bytes, not {size}")
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._bounded(fs.get_file, blob, str(target), size=size)
+            stop = threading.Event()
+            self._bounded(_copy, fs, blob, target, stop, size=size, stop=stop)
         except FileNotFoundError:
             raise Damaged(f"its file {rel} is missing from the store") from None
         except Fault as exc:
@@ -279,8 +280,9 @@ class RemoteCache:
         total = self._bounded(lambda: fs.du(f"{base}/blobs") if fs.exists(f"{base}/blobs") else 0)
         return len([e for e in entries if e.endswith(".json")]), int(total)
 
-    def _bounded(self, call: Callable[..., T], *args: Any, size: int = 0) -> T:
-        """``call(*args)`` within the timeout (plus time for ``size`` bytes), in a thread left behind if it hangs.
+    def _bounded(self, call: Callable[..., T], *args: Any, size: int = 0, stop: threading.Event | None = None) -> T:
+        """``call(*args)`` within the timeout (plus time for ``size`` bytes), in a thread left behind if it hangs;
+        ``stop`` is set then, for a call that writes to stop writing.
 
         A missing or existing path passes through as itself; any other failure is a :class:`Fault`.
         """
@@ -297,6 +299,8 @@ class RemoteCache:
         thread.start()
         thread.join(seconds)
         if not result:
+            if stop is not None:
+                stop.set()
             raise Fault(f"no answer within {seconds:.0f} s ({ENV_TIMEOUT})")
         ok, value = result[0]
         if ok:
@@ -337,6 +341,17 @@ def _files_problem(record: dict[str, Any]) -> str | None:
     if not isinstance(executable, list) or not all(isinstance(e, str) and e in files for e in executable):
         return "lists executables it does not hold"
     return None
+
+
+def _copy(fs: Any, blob: str, target: Path, stop: threading.Event) -> None:
+    """Download ``blob`` to ``target`` a MiB at a time, stopping once ``stop`` is set: a transfer given up
+    on (timed out) writes nothing more from the thread it was left in."""
+    with fs.open(blob, "rb") as src, target.open("wb") as out:
+        while not stop.is_set() and (chunk := src.read(1 << 20)):
+            out.write(chunk)
+    if stop.is_set():
+        target.unlink(missing_ok=True)
+        raise Fault("given up")
 
 
 def _place(source: Path, blob: Path) -> None:
