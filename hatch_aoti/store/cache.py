@@ -195,9 +195,24 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
             continue
         if info.st_mode & stat.S_IWOTH:
             return f"anyone can replace it: {parent} above it is world-writable without the sticky bit"
-        if info.st_mode & stat.S_IWGRP:
+        if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, uid):
             return f"its group can replace it: {parent} above it is group-writable; run `chmod g-w {parent}`"
     return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is the user's own group (their primary group, with no other members listed), which
+    a umask of 002 gives new directories on systems of user-private groups: its write bit lets nobody else
+    in (Debian's ssh accepts it too)."""
+    import grp
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid == gid and not [
+            m for m in grp.getgrgid(gid).gr_mem if m != pwd.getpwuid(uid).pw_name
+        ]
+    except KeyError:
+        return False
 
 
 @dataclass
