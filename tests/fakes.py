@@ -47,6 +47,9 @@ def coordinator(fake: dict, parent: Parent) -> int:
     time.sleep(fake.get("sleep", 0))
     if fake.get("end") == "die":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fake.get("end") == "linger":  # a process the factory started, holding the event pipe open
+        held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], close_fds=False)
+        Path(fake["pidfile"]).write_text(str(held.pid))
     return 0
 
 

@@ -438,3 +438,22 @@ def test_a_failing_model_does_not_cost_the_others_their_compile(
     fixed = build("false", "fixed")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "aoti: [1/2] good: from cache in" in fixed.stderr and "aoti: [2/2] noisy: compiled in" in fixed.stderr
+
+
+def test_the_parents_of_the_resolved_cache_are_checked_and_group_writable_ones_refused(tmp_path: Path) -> None:
+    """As ssh does: a parent its group can write may swap the cache, and a symlink does not hide where it is."""
+    shared = tmp_path / "shared"
+    (shared / "cache").mkdir(parents=True, mode=0o700)
+    others = [g for g in os.getgroups() if g != os.getgid()]
+    try:  # a group of others (the user's own private group, which umask 002 gives, may write)
+        os.chown(shared, -1, others[0] if others else 54321)
+    except PermissionError:
+        pytest.skip("this user belongs to no group but its own")
+    shared.chmod(0o770)
+    assert "its group can replace it: " in cache_mod.untrusted(shared / "cache")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "link").symlink_to(shared / "cache")
+    assert f"{shared} above it is group-writable" in cache_mod.untrusted(private / "link")
+    shared.chmod(0o700)
+    assert cache_mod.untrusted(private / "link") is None

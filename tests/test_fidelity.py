@@ -947,3 +947,54 @@ def test_calls_waiting_for_an_instance_take_turns(tmp_path: Path, limit: int) ->
                 ahead[other] += 1
     # In turn, a handful (more where the machine keeps a thread from the GIL); thousands where the giver wins.
     assert longest <= 200, f"a call waited while {longest} calls of other threads ran"
+
+
+@pytest.mark.parametrize("path", ["free", "made"])
+def test_an_instance_is_handed_back_whatever_is_raised_before_its_run(tmp_path: Path, path: str) -> None:
+    """A KeyboardInterrupt (injected here at every step of the call before the instance runs, as a signal
+    handler may raise it) never loses the instance: with one instance, a lost one made every later call
+    wait forever."""
+    import dis
+
+    loader = loader_module(tmp_path)
+
+    class Instance:
+        get_call_spec = get_constant_names_to_original_fqns = None
+
+        def run(self, inputs: list[Any]) -> list[Any]:
+            return inputs
+
+    pool = loader.runtime.Pool(Instance, 2)
+    # the steps of the call up to its instance's run (an exception inside that run is the run's own), and
+    # of the one step that takes a free instance (``_take``'s lock is Python's own ``with``, whose entry
+    # a signal can interrupt too: a case of CPython's, not the pool's)
+    frames = [pool.run.__code__, pool._pop.__code__]
+    steps = [(code, i.offset) for code in frames[1:] for i in dis.get_instructions(code)]
+    for instruction in dis.get_instructions(frames[0]):
+        steps.append((frames[0], instruction.offset))
+        if instruction.argval == "run":
+            break
+    for code, offset in steps:
+
+        def inject(frame: Any, event: str, arg: Any, code: Any = code, offset: int = offset) -> Any:
+            if frame.f_code is code:
+                frame.f_trace_opcodes = True
+                if event == "opcode" and frame.f_lasti == offset:
+                    raise KeyboardInterrupt
+            return inject
+
+        if path == "made":  # none free: the call makes the second instance
+            pool._free.clear()
+            pool._all[1:] = []
+        sys.settrace(inject)
+        try:
+            pool.run([1])
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if path == "made":
+            assert len(pool._free) <= 1, "the one taken away is not handed back"
+            pool._free[:] = pool._all
+        assert sorted(map(id, pool._free)) == sorted(map(id, pool._all)), f"lost at {code.co_name}:{offset}"
+        assert pool.run([2]) == [2]

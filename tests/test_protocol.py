@@ -325,3 +325,45 @@ def test_the_manifest_is_checked_when_written_and_read(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the manifest model 'm': `device` is missing"):
         manifest.write(tmp_path, {**good, "models": {"m": {k: v for k, v in entry.items() if k != "device"}}})  # type: ignore[typeddict-item]
     assert manifest.read(tmp_path) == good, "a refused manifest writes nothing"
+
+
+def test_a_process_the_factory_started_holding_the_pipe_does_not_hang_the_build(tmp_path: Path) -> None:
+    """After ``Done`` the coordinator's exit counts, not its pipe's end; what is left of its group is killed."""
+    import threading
+
+    done = {"event": "done", "torch": "2.13.0", "built": [], "failed": []}
+    run = coordination(tmp_path, [done])
+    os.environ["HATCH_AOTI_FAKE"] = json.dumps({"events": [done], "end": "linger", "pidfile": str(tmp_path / "pid")})
+    thread = threading.Thread(target=run.run, daemon=True)
+    thread.start()
+    thread.join(30)
+    pid = int((tmp_path / "pid").read_text()) if (tmp_path / "pid").exists() else None
+    try:
+        assert not thread.is_alive(), "the build waited for the pipe of a process its coordinator left"
+        assert run.done and pid is not None and gone_within([pid]), "the process left behind was killed"
+    finally:
+        if pid is not None and alive(pid):
+            os.kill(pid, 9)
+
+
+def test_an_internal_error_ends_the_coordinator_cleanly_with_one_message(tmp_path: Path) -> None:
+    """An unexpected exception in a build process: its traceback in the log, an exit (never an abort at the
+    interpreter's shutdown, which the thread reading stdin caused), and one message with the exception."""
+    script = tmp_path / "raiser.py"
+    script.write_text(
+        "from hatch_aoti.pipeline import protocol\n"
+        "from hatch_aoti.pipeline.children import child_main\n"
+        "def run(job, parent):\n"
+        "    parent.emit(protocol.Stage('a', 'export'))\n"
+        "    raise AttributeError(\"'str' object has no attribute 'dtype'\")\n"
+        "child_main(run, protocol.Job)\n"
+    )
+    run = coordination(tmp_path, [])
+    run.argv = [sys.executable, str(script)]
+    with pytest.raises(BuildFailed) as info:
+        run.run()
+    text = str(info.value)
+    assert text.startswith(
+        "internal error of hatch-aoti while exporting model 'a': AttributeError: 'str' object has no attribute 'dtype'"
+    ), text
+    assert "Traceback (most recent call last)" in (tmp_path / "coordinator.log").read_text()

@@ -200,6 +200,19 @@ MALFORMED = {
     "file in file": lambda r: naming(r, "a", "a/x"),
     "not normalised": lambda r: naming(r, "a/", "a/x"),
     "outside": lambda r: naming(r, "../x"),
+    "code in a number": lambda r: {
+        "entry": {
+            **r["entry"],
+            "call": [
+                {
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "shape": [{"name": "n", "min": "__import__('os').getpid() and 0", "max": None}],
+                }
+            ],
+        }
+    },
+    "weights outside": lambda r: {"entry": {**r["entry"], "weights": {"file": "../../../../.pypirc", "tensors": {}}}},
 }
 
 
@@ -422,3 +435,43 @@ def test_cache_info_shows_the_remote_tier(store: Remote, tmp_path: Path, monkeyp
     data = json.loads(out.read_text())["remote"]
     size = sum(os.path.getsize(p) for p in art.rglob("*") if p.is_file())
     assert data == {"url": store.url, "mode": "read-write", "timeout_s": 30.0, "entries": 1, "size": size}
+
+
+def test_a_transfer_that_timed_out_stops_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread a timed-out download is left in writes nothing more once the build has given up on it."""
+    import time
+
+    store = Remote((tmp_path / "shared").as_uri(), timeout=1)
+    art = artifact(tmp_path / "art")
+    RemoteCache(store).upload(KEY, art, record(art))
+    client = RemoteCache(store)
+    fs = client._connect()[0]
+    real_open = fs.open
+
+    class Drip:
+        def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+            self.f = f
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+            self.f.close()
+
+        def read(self, n: int = -1) -> bytes:
+            time.sleep(0.3)  # a byte at a time, slowly: past the deadline
+            return b"x"
+
+    def dripping(path: str, mode: str = "rb", **kw):  # type: ignore[no-untyped-def]
+        return Drip(real_open(path, mode)) if "/blobs/" in path else real_open(path, mode, **kw)
+
+    monkeypatch.setattr(fs, "open", dripping)
+    monkeypatch.setattr(remote_mod, "SECONDS_PER_BYTE", 0)
+    with pytest.raises(Fault, match="no answer within"):
+        client.fetch(KEY, "aoti", tmp_path / "out", tmp_path / "scratch")
+    time.sleep(1.0)  # the abandoned thread sees the stop within a read
+    left = [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()]
+    sizes = [p.stat().st_size for p in left]
+    time.sleep(1.0)
+    assert not left or sizes == [p.stat().st_size for p in left if p.exists()], "it went on writing"
+    assert not [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()], "what it wrote is removed"

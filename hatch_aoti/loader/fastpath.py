@@ -1,6 +1,9 @@
 """The generated fast path of an AOTInductor model's call: plain indexing and comparisons written
 for the model's own input and output structure, since the runner is fast enough that a generic
-tree walk would cost more than the call."""
+tree walk would cost more than the call.
+
+Numbers from the manifest enter the code only through ``int()``, and any other value through a name
+in its globals: a damaged manifest fails to load, it never becomes code."""
 
 from __future__ import annotations
 
@@ -53,9 +56,8 @@ def _unpacking(engine: Model, env: dict[str, Any]) -> tuple[list[str], list[str]
     """Lines that bind each input leaf to ``v<i>``, checking the containers on the way; (lines, None)
     where a container is of another type than tuple, list or dict (the generic path takes those)."""
     args_spec, kwargs_spec = children_of(engine.in_spec)
-    lines = [
-        f"        if len(args) != {args_spec.num_children} or len(kwargs) != {len(engine.kwarg_names)}: raise _Miss"
-    ]
+    counts = f"len(args) != {int(args_spec.num_children)} or len(kwargs) != {len(engine.kwarg_names)}"
+    lines = [f"        if {counts}: raise _Miss"]
     leaves: list[str] = []
     nodes = itertools.count()
 
@@ -78,7 +80,7 @@ def _unpacking(engine: Model, env: dict[str, Any]) -> tuple[list[str], list[str]
         return False
 
     ok = all(walk(c, f"args[{i}]") for i, c in enumerate(children_of(args_spec)))
-    ok = ok and all(walk(c, f"kwargs[{k!r}]") for k, c in zip(engine.kwarg_names, children_of(kwargs_spec)))
+    ok = ok and all(walk(c, f"kwargs[{_key(env, k)}]") for k, c in zip(engine.kwarg_names, children_of(kwargs_spec)))
     return lines, leaves if ok else None
 
 
@@ -132,14 +134,14 @@ def _inline_checks(engine: Model, leaves: list[str], lines: list[str], env: dict
             env[f"S{position}"] = sizes
             lines.append(f"        if not ({' and '.join([*tests, f'{var}.shape == S{position}'])}): raise _Miss")
             continue
-        static = [f"s[{axis}] == {size}" for axis, size in enumerate(sizes) if size is not None]
+        static = [f"s[{axis}] == {int(size)}" for axis, size in enumerate(sizes) if size is not None]
         lines.append(f"        if not ({' and '.join(tests)}): raise _Miss")
         lines.append(f"        s = {var}.shape")
         lines.append(f"        if not ({' and '.join([f'len(s) == {len(sizes)}', *static])}): raise _Miss")
         for axis, low, high, root, mult, offset in dims:
-            bounds = f"{low} <= s[{axis}]" + ("" if high == float("inf") else f" <= {high}")
-            value = f"s[{axis}]" if (mult, offset) == (1, 0) else f"(s[{axis}] - {offset}) // {mult}"
-            rule = "" if mult == 1 else f" and (s[{axis}] - {offset}) % {mult} == 0"
+            bounds = f"{int(low)} <= s[{axis}]" + ("" if high == float("inf") else f" <= {int(high)}")
+            value = f"s[{axis}]" if (mult, offset) == (1, 0) else f"(s[{axis}] - {int(offset)}) // {int(mult)}"
+            rule = "" if mult == 1 else f" and (s[{axis}] - {int(offset)}) % {int(mult)} == 0"
             lines.append(f"        if not ({bounds}{rule}): raise _Miss")
             if root in roots:
                 lines.append(f"        if {value} != {roots[root]}: raise _Miss")
@@ -156,7 +158,7 @@ def _inline_checks(engine: Model, leaves: list[str], lines: list[str], env: dict
         var = leaves[engine.tensor_index[position]]
         lines.append(f"        if {var}.numel():")
         lines.append(f"            lo, hi = _aminmax({var})")
-        lines.append(f"            if int(lo) < 0 or int(hi) >= {rows}: raise _Miss")
+        lines.append(f"            if int(lo) < 0 or int(hi) >= {int(rows)}: raise _Miss")
     return True
 
 

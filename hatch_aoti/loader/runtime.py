@@ -4,6 +4,7 @@ calls from several threads run at once, and torch's own runners where those do n
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -200,35 +201,39 @@ class Pool:
         free, waiting, take, hand_on = self._free, self._waiting, self._take, self._hand_on
 
         def run(inputs: list[Any]) -> list[Any]:
-            if waiting:  # they go first
-                container = take()
-            else:
-                try:
-                    container = free.pop()  # atomic under the GIL: the path of every call that finds one free
-                except IndexError:
-                    container = take()
+            # The container goes into ``held`` in the same C call that takes it from ``free``: whatever is
+            # raised (a KeyboardInterrupt, at any step), the call holds it, and hands it back below.
+            held: list[Any] = []
             try:
-                return container.run(inputs)  # type: ignore[no-any-return]
+                if waiting:  # they go first
+                    take(held)
+                else:
+                    try:
+                        held.extend(_one(free.pop))  # atomic under the GIL: every call that finds one free
+                    except IndexError:
+                        take(held)
+                return held[0].run(inputs)  # type: ignore[no-any-return]
             finally:
-                free.append(container)
-                if waiting:
-                    hand_on()
+                if held:
+                    free.append(held[0])
+                    if waiting:
+                        hand_on()
 
         return run
 
-    def _take(self) -> Any:
-        """A free container, a new one, or the first one given back once this call is first in line. A
-        call joins the line before it looks at the free ones, and a call giving one back looks at the
-        line after: one of the two sees the other. The wait ends now and then to look again, so an
+    def _take(self, held: list[Any]) -> None:
+        """Put in ``held`` a free container, a new one, or the first one given back once this call is first
+        in line. A call joins the line before it looks at the free ones, and a call giving one back looks at
+        the line after: one of the two sees the other. The wait ends now and then to look again, so an
         interrupted hand-over (KeyboardInterrupt) costs a tenth of a second, never the container."""
         waiter = None
         try:
             with self._lock:
-                container = None if self._waiting else self._pop()
-                if container is None and len(self._all) < self._limit:
-                    container = self._made()
-                if container is not None:
-                    return container
+                if not self._waiting and self._pop(held):
+                    return
+                if len(self._all) < self._limit:
+                    self._made(held)
+                    return
                 waiter = threading.Lock()  # released when this call may be first to take one
                 waiter.acquire()
                 self._waiting.append(waiter)
@@ -236,11 +241,10 @@ class Pool:
             while True:
                 waiter.acquire(timeout=0.1)
                 with self._lock:
-                    container = self._pop() if self._waiting[0] is waiter else None
-                    if container is not None:
+                    if self._waiting[0] is waiter and self._pop(held):
                         self._waiting.popleft()
                         self._call_next()
-                        return container
+                        return
         except BaseException:
             if waiter is not None:
                 with self._lock:
@@ -249,12 +253,12 @@ class Pool:
                     self._call_next()
             raise
 
-    def _made(self) -> Any:
+    def _made(self, held: list[Any]) -> None:
         container = self._make()
         for args in self._updates:
             container.update_constant_buffer(*args)
+        held.append(container)  # held before counted: an interruption between costs a container, never a call
         self._all.append(container)
-        return container
 
     def _hand_on(self) -> None:
         with self._lock:
@@ -265,11 +269,19 @@ class Pool:
         if self._waiting and self._free and self._waiting[0].locked():
             self._waiting[0].release()
 
-    def _pop(self) -> Any:
+    def _pop(self, held: list[Any]) -> bool:
+        """Move a free container into ``held``, in one step; False if none is free."""
         try:
-            return self._free.pop()  # calls that find one free take it without the lock
+            held.extend(_one(self._free.pop))  # calls that find one free take it without the lock
         except IndexError:
-            return None
+            return False
+        return True
+
+
+def _one(pop: Callable[[], Any]) -> Any:
+    """What ``pop`` takes, as an iterable: ``list.extend`` of it takes and keeps in one C call, with no
+    Python step between where an exception could drop what was taken."""
+    return itertools.islice(iter(pop, None), 1)
 
 
 #: How many calls of one model may run at once (``HATCH_AOTI_INSTANCES``): the loader holds up to that many

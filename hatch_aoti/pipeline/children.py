@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import NoReturn
 from hatch_aoti.pipeline.protocol import AnyJob, Event, decode, encode, read_job
 
 EVENT_FD = "HATCH_AOTI_EVENT_FD"
+#: The exit status of a child that met an unexpected exception (its traceback is in its log).
+INTERNAL_ERROR = 70
 LOG_TAIL_LINES = 40
 
 
@@ -74,10 +77,11 @@ class Child:
         return [decode(line) for line in lines if line.strip()]
 
     def kill(self) -> None:
-        """Stop the child and everything it started, if still running."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        """Stop the child and everything it started: what is left of its process group, even once the child
+        itself has ended (a process that the user's factory started may still hold its pipe). The kernel
+        gives no new process the id of a group that still has members, so the group is the child's."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def end(self) -> None:
         """Stop the child and everything it started, if still running; release its pipes."""
@@ -172,6 +176,11 @@ def child_main(run: Callable[[AnyJob, Parent], int], kind: type[AnyJob]) -> NoRe
     """Run ``run(job, parent)`` for the job file named on the command line, then exit."""
     job = read_job(kind, Path(sys.argv[1]))
     parent = Parent()
-    code = run(job, parent)
+    try:
+        code = run(job, parent)
+    except Exception:  # an internal error: its traceback to the log, and an exit the parent reports
+        traceback.print_exc()
+        code = INTERNAL_ERROR
     parent.close()
+    # Never the interpreter's shutdown: a daemon thread (the one reading stdin) would abort it (SIGABRT).
     exit_without_teardown(code)

@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hatch_aoti.pipeline import protocol
-from hatch_aoti.pipeline.children import Child, watch
+from hatch_aoti.pipeline.children import INTERNAL_ERROR, Child, watch
 from hatch_aoti.pipeline.progress import Progress
 from hatch_aoti.settings.reader import ConfigError, model_path
 from hatch_aoti.settings.spec import Settings
@@ -33,6 +34,8 @@ from hatch_aoti.store.remote import Remote
 ENV_JOBS = "HATCH_AOTI_JOBS"
 #: Seconds between the lines that say a long stage is still running.
 HEARTBEAT = 30.0
+#: Seconds the coordinator has to exit after its last event (its exit handlers run).
+EXIT_WAIT = 60.0
 
 
 class BuildFailed(Exception):
@@ -424,9 +427,13 @@ class Coordination:
             for _, event in watch([child]):
                 if event is not None:
                     self.on_event(event)
+                if self.done:  # the pipe may stay open in a process the factory started: the exit counts
+                    break
+            with contextlib.suppress(subprocess.TimeoutExpired):  # done, or its pipe closed: it is ending
+                child.proc.wait(EXIT_WAIT)
         finally:
             ended.set()
-            child.end()
+            child.end()  # and whatever is left of its process group
         self.raise_for(child)
 
     def beat(self, ended: threading.Event) -> None:
@@ -470,7 +477,12 @@ class Coordination:
         if self.problems:
             raise ConfigError(self.problems)
         failures = list(self.failures.values())
-        if not self.done:
+        if not self.done and child.proc.returncode == INTERNAL_ERROR:
+            failures.append(
+                f"internal error of hatch-aoti while {self.doing}: {_last_exception(child.log_tail())}; "
+                f"the traceback is in its log, {child.log}:\n{child.log_tail()}"
+            )
+        elif not self.done:
             failures.append(
                 f"the build coordinator {child.how_it_ended()} while {self.doing}; "
                 f"last lines of its log:\n{child.log_tail()}"
@@ -487,6 +499,13 @@ class Coordination:
 
     def _model_path(self, name: str) -> str:
         return next((m.path for m in self.settings.models if m.name == name), model_path(self.settings.table, name))
+
+
+def _last_exception(tail: str) -> str:
+    """The exception a traceback ends with (its last line that names one)."""
+    lines = [line.removeprefix("  | ") for line in tail.splitlines()]
+    named = [line for line in lines if line and not line.startswith(" ") and ("Error" in line or "Exception" in line)]
+    return named[-1] if named else "an unexpected exception"
 
 
 _DOING = {

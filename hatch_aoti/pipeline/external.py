@@ -52,6 +52,7 @@ def publish(settings: Settings, root: Path, output: Path | None, package: Path, 
                     f"set `weights-dir` in {settings.table} to a writable directory with {size / 2**20:.0f} MiB free"
                 ) from None
             entry.get("files", {}).pop(weights["file"], None)
+            entry.get("sizes", {}).pop(weights["file"], None)  # the wheel's files only (the manifest's check)
             weights["external"] = {"url": str(spec.weights_url), "file": name, "size": size}
             url = str(spec.weights_url).replace("{file}", name)
             mib = size / 2**20

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hatch_aoti.pipeline.artifacts import file_hashes, sha256
+from hatch_aoti.pipeline.manifest import entry_problem
 from hatch_aoti.store.owned import OwnedDir, sweep
 
 FORMAT = "v2"
@@ -119,6 +120,28 @@ def record_files(artifact: Path, record: dict[str, Any]) -> dict[str, str]:
     return file_hashes(artifact, known if isinstance(known, dict) else {})
 
 
+def record_problem(record: dict[str, Any], backend: str) -> str | None:
+    """What keeps the build from using a cache record's manifest entry and verification report, or
+    ``None``: a record either tier finds failing it is a miss, and the model compiles again."""
+    entry: Any = record.get("entry")
+    errors = record.get("errors")
+    problem = entry_problem(entry)
+    if problem is not None:
+        return f"has an unusable manifest entry: {problem}"
+    if entry.get("files") != record["files"]:
+        return "has a manifest entry whose files are not its own"
+    if entry.get("backend") != backend:
+        return f"is not of the {backend} backend"
+    report = entry.get("verification")
+    if not isinstance(report, dict) or report.get("passed") not in (True, None):
+        return "has no verification report"
+    if not isinstance(report.get("tried", []), list):
+        return "has an unusable verification report"
+    if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
+        return "has unusable errors"
+    return None
+
+
 def default_root() -> Path:
     """Per-user cache directory, outside any build environment."""
     from platformdirs import user_cache_dir
@@ -151,8 +174,9 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
 
     A hit is shipped in wheels as found, so whoever can write the cache can put code into
     every wheel built from it. As ssh treats key files: the directory must belong to this
-    user and be writable by nobody else, and no directory above it may let others
-    replace it (writable by others without the sticky bit, or owned by another user).
+    user and be writable by nobody else, and no directory above where it really is (its
+    symlinks resolved) may let others replace it (writable by its group or by anyone
+    without the sticky bit, or owned by another user).
     """
     uid = os.getuid() if uid is None else uid
     if root.exists():
@@ -161,15 +185,34 @@ def untrusted(root: Path, uid: int | None = None) -> str | None:
             return f"it belongs to another user (uid {info.st_uid})"
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"other users can write to it (mode {stat.S_IMODE(info.st_mode):o}); run `chmod go-w {root}`"
-    for parent in root.absolute().parents:
+    for parent in root.resolve().parents:  # where it is, its symlinks followed: each of those may replace it
         if not parent.exists():
             continue
         info = parent.stat()
         if info.st_uid not in (uid, 0):
             return f"{parent} above it belongs to another user (uid {info.st_uid})"
-        if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        if info.st_mode & stat.S_ISVTX:  # like /tmp: only a file's owner may rename it
+            continue
+        if info.st_mode & stat.S_IWOTH:
             return f"anyone can replace it: {parent} above it is world-writable without the sticky bit"
+        if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, uid):
+            return f"its group can replace it: {parent} above it is group-writable; run `chmod g-w {parent}`"
     return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is the user's own group (their primary group, with no other members listed), which
+    a umask of 002 gives new directories on systems of user-private groups: its write bit lets nobody else
+    in (Debian's ssh accepts it too)."""
+    import grp
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid == gid and not [
+            m for m in grp.getgrgid(gid).gr_mem if m != pwd.getpwuid(uid).pw_name
+        ]
+    except KeyError:
+        return False
 
 
 @dataclass
@@ -350,6 +393,10 @@ class CompileCache:
         if present != set(files):
             return False
         return all(sha256(artifact / rel) == digest for rel, digest in files.items())
+
+    def discard(self, key: str) -> None:
+        """Remove an entry found unusable (its record fails the build's checks), so that it is rebuilt."""
+        self._discard(self._entry_dir(key))
 
     def _discard(self, entry_dir: Path) -> None:
         """Move an entry (damaged or evicted) out of the way in one step, then delete it.

@@ -21,11 +21,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, TypeVar
 
 from hatch_aoti.pipeline.artifacts import sha256
-from hatch_aoti.store.cache import out_of_space
+from hatch_aoti.pipeline.manifest import MAX_FILE_SIZE, inside
+from hatch_aoti.store.cache import out_of_space, record_problem
 
 ENV_URL = "HATCH_AOTI_REMOTE_CACHE"
 ENV_MODE = "HATCH_AOTI_REMOTE_CACHE_MODE"
@@ -35,8 +36,6 @@ FORMAT = "v2"
 DEFAULT_TIMEOUT = 30.0
 #: A transfer may take the timeout plus one second per MiB it moves.
 SECONDS_PER_BYTE = 1 / 2**20
-#: Larger than any file a record may name (a bound on how long a download may take).
-MAX_SIZE = 2**40
 #: The extra of hatch-aoti that brings a protocol's package.
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -209,7 +208,8 @@ class RemoteCache:
             raise Damaged(f"its file {rel} has {found} bytes, not {size}")
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._bounded(fs.get_file, blob, str(target), size=size)
+            stop = threading.Event()
+            self._bounded(_copy, fs, blob, target, stop, size=size, stop=stop)
         except FileNotFoundError:
             raise Damaged(f"its file {rel} is missing from the store") from None
         except Fault as exc:
@@ -280,8 +280,9 @@ class RemoteCache:
         total = self._bounded(lambda: fs.du(f"{base}/blobs") if fs.exists(f"{base}/blobs") else 0)
         return len([e for e in entries if e.endswith(".json")]), int(total)
 
-    def _bounded(self, call: Callable[..., T], *args: Any, size: int = 0) -> T:
-        """``call(*args)`` within the timeout (plus time for ``size`` bytes), in a thread left behind if it hangs.
+    def _bounded(self, call: Callable[..., T], *args: Any, size: int = 0, stop: threading.Event | None = None) -> T:
+        """``call(*args)`` within the timeout (plus time for ``size`` bytes), in a thread left behind if it hangs;
+        ``stop`` is set then, for a call that writes to stop writing.
 
         A missing or existing path passes through as itself; any other failure is a :class:`Fault`.
         """
@@ -298,6 +299,8 @@ class RemoteCache:
         thread.start()
         thread.join(seconds)
         if not result:
+            if stop is not None:
+                stop.set()
             raise Fault(f"no answer within {seconds:.0f} s ({ENV_TIMEOUT})")
         ok, value = result[0]
         if ok:
@@ -316,7 +319,7 @@ def parse_record(raw: bytes, key: str, backend: str) -> dict[str, Any]:
         raise Damaged("its record is not JSON") from None
     if not isinstance(record, dict) or record.get("key") != key:
         raise Damaged("its record is for another key")
-    problem = _files_problem(record) or _entry_problem(record, backend)
+    problem = _files_problem(record) or record_problem(record, backend)
     if problem is not None:
         raise Damaged(f"its record {problem}")
     return record
@@ -329,9 +332,9 @@ def _files_problem(record: dict[str, Any]) -> str | None:
     if not isinstance(sizes, dict) or set(sizes) != set(files):
         return "gives its files no sizes"
     for rel, digest in files.items():
-        if not _inside(rel) or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        if not inside(rel) or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             return f"names a file it may not ({rel!r})"
-        if type(sizes[rel]) is not int or not 0 <= sizes[rel] < MAX_SIZE:
+        if type(sizes[rel]) is not int or not 0 <= sizes[rel] <= MAX_FILE_SIZE:
             return f"gives {rel} no size"
     if any(other.startswith(f"{rel}/") for rel in files for other in files):
         return "names a file inside another"
@@ -340,27 +343,15 @@ def _files_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _entry_problem(record: dict[str, Any], backend: str) -> str | None:
-    """What keeps the build from using the record's manifest entry and verification report."""
-    from hatch_aoti.pipeline.manifest import entry_problem
-
-    entry: Any = record.get("entry")
-    errors = record.get("errors")
-    problem = entry_problem(entry)
-    if problem is not None:
-        return f"has an unusable manifest entry: {problem}"
-    if entry.get("files") != record["files"]:
-        return "has a manifest entry whose files are not its own"
-    if entry.get("backend") != backend:
-        return f"is not of the {backend} backend"
-    report = entry.get("verification")
-    if not isinstance(report, dict) or report.get("passed") not in (True, None):
-        return "has no verification report"
-    if not isinstance(report.get("tried", []), list):
-        return "has an unusable verification report"
-    if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
-        return "has unusable errors"
-    return None
+def _copy(fs: Any, blob: str, target: Path, stop: threading.Event) -> None:
+    """Download ``blob`` to ``target`` a MiB at a time, stopping once ``stop`` is set: a transfer given up
+    on (timed out) writes nothing more from the thread it was left in."""
+    with fs.open(blob, "rb") as src, target.open("wb") as out:
+        while not stop.is_set() and (chunk := src.read(1 << 20)):
+            out.write(chunk)
+    if stop.is_set():
+        target.unlink(missing_ok=True)
+        raise Fault("given up")
 
 
 def _place(source: Path, blob: Path) -> None:
@@ -385,11 +376,3 @@ def _link(data: bytes, path: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
-
-
-def _inside(rel: Any) -> bool:
-    """Whether ``rel`` is a plain relative path that stays in the artifact's directory."""
-    if not isinstance(rel, str) or not rel or "\\" in rel:
-        return False
-    path = PurePosixPath(rel)
-    return path.as_posix() == rel and not path.is_absolute() and ".." not in path.parts

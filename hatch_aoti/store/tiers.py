@@ -7,11 +7,12 @@ fails is reported once and not asked again by this build.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.store.cache import CompileCache, NoSpace, record_files
+from hatch_aoti.store.cache import CompileCache, NoSpace, record_files, record_problem
 from hatch_aoti.store.remote import Damaged, Fault, RemoteCache
 
 
@@ -36,8 +37,13 @@ class Tiers:
             except OSError as exc:  # an unreadable cache is a miss, not a failed build
                 self.notice(f"{name}: could not read the compile cache ({exc})")
                 record = None
-            if record is not None:
+            problem = None if record is None else record_problem(record, backend)
+            if record is not None and problem is None:
                 return record, "local"
+            if problem is not None:  # damaged, or written by someone else: a miss, and the model compiles
+                self.notice(f"{name}: the compile cache's entry is damaged: its record {problem}; compiling it here")
+                self.local.discard(key)
+                shutil.rmtree(dest, ignore_errors=True)
         record = self._fetch(name, key, backend, dest)
         if record is None:
             return None

@@ -80,7 +80,8 @@ def index_rows(exported: Any) -> dict[str, int]:
     lookups = {torch.ops.aten.embedding.default: (0, 1), torch.ops.aten.index_select.default: (0, 2)}
     rows: dict[str, int] = {}
     for node in exported.graph.nodes:
-        if node.op != "placeholder" or not str(node.meta.get("val", torch.empty(0)).dtype).startswith("torch.int"):
+        val = node.meta.get("val")  # a placeholder may be a str, a number or None (export keeps such inputs)
+        if node.op != "placeholder" or not isinstance(val, torch.Tensor) or not str(val.dtype).startswith("torch.int"):
             continue
         reached, seen = [node], set()
         while reached:
