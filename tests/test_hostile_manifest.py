@@ -16,7 +16,7 @@ from hatch_aoti.pipeline.manifest import entry_problem
 from hatch_aoti.store.cache import CompileCache
 from hatch_aoti.store.tiers import Tiers
 
-CODE = "__import__('os').environ.__setitem__('HATCH_AOTI_PWNED', '1') or 0"
+CODE = "__import__('os').environ.__setitem__('MANIFEST_CODE_RAN', '1') or 0"
 DIGEST = "ab" * 32
 
 
@@ -154,13 +154,13 @@ def test_code_in_a_number_never_runs(field: str, monkeypatch: pytest.MonkeyPatch
     ``int()``: a string of code fails to load, and runs neither then nor at a call."""
     from hatch_aoti.loader.fastpath import _inline_checks
 
-    monkeypatch.delenv("HATCH_AOTI_PWNED", raising=False)
+    monkeypatch.delenv("MANIFEST_CODE_RAN", raising=False)
     engine = FakeEngine(low=CODE) if field == "min" else FakeEngine(rows=CODE)
     lines: list[str] = []
     with pytest.raises(ValueError, match="invalid literal for int"):
         _inline_checks(engine, ["v0"], lines, {})  # type: ignore[arg-type]
     assert not any("__import__" in line for line in lines)
-    assert "HATCH_AOTI_PWNED" not in os.environ
+    assert "MANIFEST_CODE_RAN" not in os.environ
 
 
 # -- a cache record with such an entry is a miss ----------------------------------------------
