@@ -127,6 +127,16 @@ def test_the_cli_asks_the_loader_what_stops_a_model(monkeypatch: pytest.MonkeyPa
     ], "a message, not a traceback"
 
 
+def test_a_wheel_with_a_one_file_loader_is_named_as_such(tmp_path: Path) -> None:
+    """A wheel an earlier hatch-aoti built: its models cannot be loaded by this one, and the message says why."""
+    from hatch_aoti.cli.target import CliError, Dist, Target
+
+    (tmp_path / "compiled.py").write_text("raise SystemExit('never run')\n")
+    target = Target("wheel", "old.whl", "pkg", "compiled", tmp_path, {}, Dist())  # type: ignore[arg-type]
+    with pytest.raises(CliError, match=r"old.whl: its loader is one file \(compiled.py\), as an earlier hatch-aoti"):
+        target.loader()
+
+
 def _wheel(path: Path, files: dict[str, str]) -> Path:
     with zipfile.ZipFile(path, "w") as zf:
         for name, text in files.items():

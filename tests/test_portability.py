@@ -266,3 +266,23 @@ def test_own_identity_covers_code_and_templates(tmp_path: Path, monkeypatch: pyt
         assert fingerprint.own_identity() != before, "a changed template must change every key"
     finally:
         fingerprint.own_identity.cache_clear()
+
+
+def test_a_loader_imported_again_under_its_name_is_all_its_own(tmp_path: Path) -> None:
+    """``hatch-aoti`` may load two wheels' loaders under one name in a process: each runs its own modules."""
+    from hatch_aoti.pipeline.artifacts import import_package, write_loader
+
+    copies = []
+    for which in ("a", "b"):
+        (tmp_path / which / "_aoti").mkdir(parents=True)
+        (tmp_path / which / "_aoti" / "manifest.json").write_text(json.dumps({"format": 2, "models": {}}))
+        write_loader(tmp_path / which, "compiled")
+        copies.append(import_package("twice.compiled", tmp_path / which / "compiled"))
+        importlib.import_module("twice.compiled.host")
+    try:
+        for name in ("twice.compiled.schema", "twice.compiled.host"):
+            assert sys.modules[name].__file__.startswith(str(tmp_path / "b")), name
+        assert copies[1].names() == ()
+    finally:
+        for name in [n for n in sys.modules if n.startswith("twice.")]:
+            del sys.modules[name]

@@ -87,6 +87,11 @@ class Target:
         name, path = f"{self.package}.{self.loader_name}", self.package_dir / self.loader_name
         if getattr(sys.modules.get(name), "__file__", None) == str(path / "__init__.py"):
             return sys.modules[name]
+        if not (path / "__init__.py").is_file() and path.with_suffix(".py").is_file():
+            raise CliError(
+                f"{self.where}: its loader is one file ({self.loader_name}.py), as an earlier hatch-aoti wrote it; "
+                "rebuild the wheel with this hatch-aoti to load its models"
+            )
         try:
             return import_package(name, path)
         except ImportError as exc:

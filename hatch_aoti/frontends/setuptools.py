@@ -196,6 +196,8 @@ class build_aoti(Command):
         """The loader and artifacts into ``build_lib``, or, for an editable install, beside the source tree."""
         from hatch_aoti.pipeline.artifacts import editable_files
 
+        for cache in list(staged.package_dir.rglob("__pycache__")):  # the build's own imports of the loader
+            shutil.rmtree(cache)
         if self.editable_mode:  # setuptools puts what `install` holds into the editable wheel as is
             target = Path(str(self.get_finalized_command("install").install_lib))
             files = {
@@ -204,6 +206,7 @@ class build_aoti(Command):
         else:
             target = Path(str(self.build_lib), *package.split("."))
             files = {staged.package_dir / p.name: target / p.name for p in staged.package_dir.iterdir()}
+            (target / f"{loader}.py").unlink(missing_ok=True)  # an earlier build's one-file loader
         for source, dest in files.items():
             if dest.is_dir():
                 shutil.rmtree(dest)

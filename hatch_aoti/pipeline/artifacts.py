@@ -86,19 +86,25 @@ def write_loader(package_dir: Path, loader: str) -> None:
 
 def import_package(name: str, directory: Path) -> ModuleType:
     """The package in ``directory``, imported as ``name`` without importing its parent (a staged or
-    extracted loader), and put in ``sys.modules`` so that its modules import each other."""
+    extracted loader), and put in ``sys.modules`` so that its modules import each other. Modules of
+    another package imported under that name before are dropped first: the new one's are its own."""
     import importlib.util
     import sys
+
+    def forget() -> None:
+        for key in [k for k in sys.modules if k == name or k.startswith(f"{name}.")]:
+            del sys.modules[key]
 
     init = directory / "__init__.py"
     spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(directory)])
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {directory} as {name}")
     module = importlib.util.module_from_spec(spec)
+    forget()
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        forget()
         raise
     return module
