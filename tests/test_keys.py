@@ -69,3 +69,16 @@ def test_the_key_follows_weights_code_and_inputs(program) -> None:
     torch.manual_seed(0)
     again = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(2, 3),))
     assert cache_key(again, spec, plan, {}) == base, "the same model exported again hits"
+
+
+def test_a_variants_key_follows_its_precision_and_check_but_not_the_other_variants(program) -> None:
+    exported, spec, plan = program
+    base = cache_key(exported, spec, plan, {})
+    listed = dataclasses.replace(spec, precision=("float32",), accuracy={"int8": {"rel_error": 0.5}})
+    assert cache_key(exported, listed, plan, {}) == base, "a float32 variant keys as a float32 model always did"
+    bf16 = dataclasses.replace(spec, precision=("bfloat16",))
+    assert cache_key(exported, bf16, plan, {}) != base
+    other_check = dataclasses.replace(bf16, accuracy={"int8": {"rel_error": 0.5}})
+    assert cache_key(exported, other_check, plan, {}) == cache_key(exported, bf16, plan, {}), "int8's check"
+    tighter = dataclasses.replace(bf16, accuracy={"bfloat16": {"rel_error": 0.001}})
+    assert cache_key(exported, tighter, plan, {}) != cache_key(exported, bf16, plan, {}), "its own check"

@@ -8,16 +8,17 @@ model and calls it once.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from hatch_aoti.cli import calls, models
+from hatch_aoti.cli import calls, machine, models
 from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
 from hatch_aoti.loader.schema import Entry
@@ -59,6 +60,7 @@ def bench_model(
 ) -> dict[str, Any]:
     try:
         compiled = models.compiled(target, name, package_code)
+        others = models.other_variants(target, name, package_code)
     except models.Unavailable as exc:
         return {"skipped": str(exc)}
     module, why_no_eager = None, "not asked for (--eager)"
@@ -75,11 +77,12 @@ def bench_model(
             {
                 "case": case.label,
                 "inputs": calls.describe(entry, case.sizes),
-                **per_call(entry, case, spec, compiled, module, timing),
+                **per_call(entry, case, spec, {"compiled": compiled, **others}, module, timing),
             }
         )
         step(f"{name} {case.label}")
-    result: dict[str, Any] = {"per_call": rows, "eager": why_no_eager or "measured"}
+    loads = machine.variants(target, name)["loads_here"]
+    result: dict[str, Any] = {"per_call": rows, "eager": why_no_eager or "measured", "precision": loads}
     if cold:
         result["cold_start"] = cold_start(target, name, spec, package_code, cold)
         step(f"{name} cold start")
@@ -87,13 +90,16 @@ def bench_model(
 
 
 def per_call(
-    entry: Entry, case: calls.Case, spec: str, compiled: Any, module: Any, timing: tuple[int, int, float]
+    entry: Entry, case: calls.Case, spec: str, compiled: Mapping[str, Any], module: Any, timing: tuple[int, int, float]
 ) -> dict[str, Any]:
-    """Compiled (and eager) timings at one case; ``error`` instead if a call fails."""
+    """Timings at one case of the variant that loads here (``compiled``), the others this CPU runs natively
+    (by precision), and eager; ``error`` instead if a call fails."""
     import torch
 
     args, kwargs = calls.make_inputs(entry, case.sizes, spec)
-    fns = {"compiled": lambda: compiled(*args, **kwargs)}
+    fns: dict[str, Callable[[], Any]] = {
+        label: functools.partial(fn, *args, **kwargs) for label, fn in compiled.items()
+    }
     if module is not None:
         fns["eager"] = lambda: module(*args, **kwargs)
     try:
@@ -188,9 +194,11 @@ def show(data: dict[str, Any], out: Output) -> None:
         if "skipped" in r:
             out.line(f"{name}: skipped: {r['skipped']}", style="yellow")
             continue
+        others = sorted({k for row in r["per_call"] for k in row} & {"float32", "bfloat16", "int8"})
+        loads = f" ({r['precision']})" if r.get("precision") and (others or r["precision"] != "float32") else ""
         out.table(
-            ["inputs", "shapes", "compiled", "eager", "eager/compiled"],
-            [_row(row) for row in r["per_call"]],
+            ["inputs", "shapes", f"compiled{loads}", *others, "eager", "eager/compiled"],
+            [_row(row, others) for row in r["per_call"]],
             title=f"{name}: per call, median (range over rounds)",
         )
         if r["eager"] != "measured":
@@ -206,12 +214,13 @@ def show(data: dict[str, Any], out: Output) -> None:
             )
 
 
-def _row(row: dict[str, Any]) -> list[str]:
+def _row(row: dict[str, Any], others: list[str]) -> list[str]:
     if "error" in row:
-        return [row["case"], row["inputs"], f"failed: {row['error']}", "", ""]
+        return [row["case"], row["inputs"], f"failed: {row['error']}", *[""] * len(others), "", ""]
     compiled, eager = row["compiled"], row.get("eager")
     speedup = f"{eager['median_s'] / compiled['median_s']:.2f}x" if eager else "-"
-    return [row["case"], row["inputs"], _us(compiled), _us(eager) if eager else "-", speedup]
+    variants = [_us(row[p]) if p in row else "-" for p in others]
+    return [row["case"], row["inputs"], _us(compiled), *variants, _us(eager) if eager else "-", speedup]
 
 
 def _us(times: dict[str, float]) -> str:

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from hatch_aoti.cli import calls, machine
-from hatch_aoti.cli.integrity import recorded_files
+from hatch_aoti.cli.integrity import shipped
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import Target
 from hatch_aoti.loader.schema import Entry
@@ -54,9 +54,9 @@ def package_files(target: Target) -> list[dict[str, Any]]:
 def model(target: Target, name: str, entry: Entry) -> dict[str, Any]:
     configs = entry.get("inductor_configs", {})
     external = "external" in entry.get("weights", {})
-    directory = target.package_dir / ARTIFACT_DIR / name
     problems = machine.problems(target, name)
     return {
+        **machine.variants(target, name),
         "backend": entry.get("backend", "aoti"),
         "device": entry.get("device"),
         "factory": entry.get("factory"),
@@ -71,11 +71,18 @@ def model(target: Target, name: str, entry: Entry) -> dict[str, Any]:
         "packed_at_load": machine.packed_at_load(target, name),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
+        "variant_verification": {
+            v.get("precision", "float32"): v.get("verification") for v in (entry, *entry.get("variants", []))
+        },
         "needs": entry.get("needs", {}),
         "tuning": entry.get("tuning"),
         "files": [
-            {"path": f"{ARTIFACT_DIR}/{name}/{rel}", "size": target.size(directory / rel), "recorded_sha256": digest}
-            for rel, digest in recorded_files(entry).items()
+            {
+                "path": f"{ARTIFACT_DIR}/{path}",
+                "size": target.size(target.package_dir / ARTIFACT_DIR / path),
+                "recorded_sha256": digest,
+            }
+            for path, _, digest in shipped(name, entry)
         ],
     }
 
@@ -120,12 +127,19 @@ def show(data: dict[str, Any], out: Output) -> None:
     for name, m in data["models"].items():
         out.line(f"{name}:", style="bold")
         out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
+        if len(m["variants"]) > 1 or m["variants"][0]["precision"] != "float32":
+            listed = ", ".join(
+                v["precision"] + ("" if v["native_here"] else " (not native here)") for v in m["variants"]
+            )
+            out.line(f"  precision: {listed}; loads here: {m['loads_here'] or 'none'}")
         count = m["packed_at_load"]
         packed = f"; {count} packed for the CPU at load" if count else ""
         packed = "; packing at load unknown" if count is None else packed
         profiling = "compiled in" if m["kernel_profile"] else "off"
         out.line(f"  weights {m['weights']}{packed}; kernel profiling {profiling}")
-        out.line(f"  verified at build: {_verified(m['verification'])}")
+        for precision, report in m["variant_verification"].items():
+            which = f" ({precision})" if len(m["variant_verification"]) > 1 or precision != "float32" else ""
+            out.line(f"  verified at build{which}: {_verified(report)}")
         source = m["weights_source"]
         if source:
             cached = "cached here" if source.get("cached") else "not cached here yet"
@@ -158,4 +172,7 @@ def _verified(report: dict[str, Any] | None) -> str:
     tolerance = ""
     if report.get("rtol") is not None or report.get("atol") is not None:
         tolerance = f" rtol={report.get('rtol')} atol={report.get('atol')}"
+    if "precision" in report:  # a lower-precision variant: against float32 eager
+        limits = f"relative error <= {report.get('rel_error')}, cosine >= {report.get('cosine')}"
+        tolerance = f" against float32 eager, {limits}"
     return f"{'passed' if report['passed'] else 'FAILED'}{tolerance}: {shapes}"

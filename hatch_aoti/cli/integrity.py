@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hatch_aoti.cli.target import Target
-from hatch_aoti.loader.schema import Entry
+from hatch_aoti.loader.schema import Entry, variant_name
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, sha256
 
 
@@ -18,6 +19,14 @@ def recorded_files(entry: Entry) -> dict[str, str]:
     if "weights" in entry:
         found[entry["weights"]["file"]] = entry["weights"].get("sha256", "")
     return found
+
+
+def shipped(name: str, entry: Entry) -> Iterator[tuple[str, str, str]]:
+    """Each file of each of a model's variants: (its path under ``_aoti``, its path in the variant, its sha256)."""
+    for variant in (entry, *entry.get("variants", [])):
+        folder = variant_name(name, variant.get("precision", "float32"))
+        for rel, digest in recorded_files(variant).items():
+            yield f"{folder}/{rel}", rel, digest
 
 
 @dataclass
@@ -34,10 +43,10 @@ def check(target: Target) -> Report:
     artifacts = target.package_dir / ARTIFACT_DIR
     seen = set()
     for name, entry in target.models.items():
-        for rel, digest in recorded_files(entry).items():
+        for where, _, digest in shipped(name, entry):
             report.checked += 1
-            seen.add((artifacts / name / rel).resolve())
-            problem = _compare(actual(artifacts / name / rel), digest, f"{ARTIFACT_DIR}/{name}/{rel}", "the manifest")
+            seen.add((artifacts / where).resolve())
+            problem = _compare(actual(artifacts / where), digest, f"{ARTIFACT_DIR}/{where}", "the manifest")
             if problem:
                 report.models[name].append(problem)
     for path, digest, rel in _record_in_package(target):
@@ -82,4 +91,5 @@ def _model_of(path: Path, artifacts: Path, target: Target) -> str | None:
         first = path.relative_to(artifacts.resolve()).parts[0]
     except ValueError:
         return None
+    first = first.partition("@")[0]  # a variant's folder: name@precision
     return first if first in target.models else None

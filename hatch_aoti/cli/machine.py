@@ -55,6 +55,25 @@ def problems(target: Target, name: str) -> list[str]:
     return found
 
 
+def variants(target: Target, name: str) -> dict[str, Any]:
+    """The model's variants, in the order the build was given: whether this CPU runs each natively, and
+    which one the loader would load here (``HATCH_AOTI_PRECISION`` aside), as the loader decides it."""
+    from hatch_aoti.loader import host
+
+    entry = target.model(name)
+    found = [entry, *entry.get("variants", [])]
+    listed = [
+        {"precision": host.precision_of(v), "native_here": host.precision_problem(host.precision_of(v)) is None}
+        for v in found
+    ]
+    try:
+        chosen, passed = host.choose(name, entry)
+        loads: str | None = host.precision_of(chosen)
+    except (RuntimeError, ValueError, LookupError) as exc:
+        loads, passed = None, {"": str(exc)}
+    return {"variants": listed, "loads_here": loads, "passed_over": passed}
+
+
 def packed_at_load(target: Target, name: str) -> int | None:
     """How many of the model's weights its loader packs for this CPU as it loads (``HATCH_AOTI_PACK``
     chooses), as the loader says; None where it cannot tell."""

@@ -18,8 +18,8 @@ class Unavailable(Exception):
         self.skipped = skipped
 
 
-def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any]:
-    """``compiled.load(name)``, after the checks that need nothing loaded."""
+def compiled(target: Target, name: str, package_code: bool, precision: str | None = None) -> Callable[..., Any]:
+    """``compiled.load(name)`` (of ``precision``'s variant), after the checks that need nothing loaded."""
     entry = target.model(name)
     problems = machine.problems(target, name)
     if problems:
@@ -33,7 +33,8 @@ def compiled(target: Target, name: str, package_code: bool) -> Callable[..., Any
             )
         target.allow_package_code()
     try:
-        return target.loader().load(name)
+        loader = target.loader()
+        return loader.load(name, precision=precision) if precision else loader.load(name)
     except Exception as exc:
         raise Unavailable(f"does not load: {type(exc).__name__}: {first_line(exc)}") from None
 
@@ -53,3 +54,13 @@ def eager(target: Target, name: str) -> Any:
         return pkgutil.resolve_name(factory)().to(entry["device"]).eval()
     except Exception as exc:
         raise Unavailable(f"cannot build the eager model with {factory}: {first_line(short_exception(exc))}") from None
+
+
+def other_variants(target: Target, name: str, package_code: bool) -> dict[str, Callable[..., Any]]:
+    """The model's variants this CPU runs natively, other than the one that loads by default, by precision."""
+    found = machine.variants(target, name)
+    return {
+        v["precision"]: compiled(target, name, package_code, v["precision"])
+        for v in found["variants"]
+        if v["native_here"] and v["precision"] != found["loads_here"]
+    }

@@ -8,7 +8,8 @@ and checked against the eager models then.
     compiled.names()                 # names of the compiled models
     model = compiled.load("name")    # loaded once, then shared; thread-safe
     outputs = model(*args, **kwargs)
-    compiled.info("name")            # build metadata: torch version, inputs, checks, ...
+    compiled.load("name", precision="float32")   # a variant of the model by name (see info())
+    compiled.info("name")            # build metadata: the precision that loads here, inputs, checks, ...
     compiled.save_pt2("name", "model.pt2")   # a standard AOTInductor package, e.g. for C++
     compiled.fetch()                 # external weights, fetched and verified beforehand
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from .schema import ARTIFACT_DIR, Entry, Manifest
+from .schema import ARTIFACT_DIR, Entry, Manifest, variant_name
 from .schema import read as read_manifest
 
 __all__ = ["fetch", "info", "load", "names", "save_pt2"]
@@ -32,7 +34,7 @@ __all__ = ["fetch", "info", "load", "names", "save_pt2"]
 #: The package's ``_aoti`` folder: the manifest, and each model's files in a folder of its name.
 _ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ARTIFACT_DIR)
 _LOCK = threading.Lock()
-_LOADED: dict[str, Callable[..., Any]] = {}
+_LOADED: dict[tuple[str, str | None], Callable[..., Any]] = {}
 _MANIFEST: list[Manifest] = []
 
 
@@ -57,49 +59,78 @@ def _entry(name: str) -> Entry:
         raise KeyError(f"no compiled model {name!r} in {__name__}; known models: {known}") from None
 
 
-def info(name: str) -> dict[str, Any]:
-    """Build metadata of one model (a fresh dict; changing it changes nothing)."""
-    entry: dict[str, Any] = json.loads(json.dumps(_entry(name)))
-    entry["file"] = os.path.join(_ARTIFACTS, name, entry["file"])
+def _variant(name: str, precision: str | None, torch: Any = None) -> tuple[Entry, dict[str, str]]:
+    """The variant of ``name`` that loads here (``precision``, else ``HATCH_AOTI_PRECISION``, else the first
+    this CPU runs natively), and why each one before it was passed over."""
+    from .host import ENVIRONMENT, choose
+
+    wanted = precision or os.environ.get(ENVIRONMENT) or None
+    try:  # the CPU's own answer through torch where it is imported already
+        return choose(name, _entry(name), wanted, torch or sys.modules.get("torch"))
+    except (LookupError, ValueError, RuntimeError) as exc:
+        if precision is None and wanted is not None:  # say where the choice came from
+            raise type(exc)(f"{exc} ({ENVIRONMENT}={wanted})") from None
+        raise
+
+
+def info(name: str, precision: str | None = None) -> dict[str, Any]:
+    """Build metadata of the variant of one model that loads here (a fresh dict; changing it changes nothing):
+    ``precision`` names it, ``passed_over`` says why each variant listed before it does not load here."""
+    chosen, passed = _variant(name, precision)
+    entry: dict[str, Any] = json.loads(json.dumps({k: v for k, v in chosen.items() if k != "variants"}))
+    entry["precision"] = chosen.get("precision", "float32")
+    entry["variants"] = [v.get("precision", "float32") for v in (_entry(name), *_entry(name).get("variants", []))]
+    entry["passed_over"] = passed
+    entry["file"] = os.path.join(_ARTIFACTS, variant_name(name, entry["precision"]), entry["file"])
     entry["torch"] = _manifest()["torch"]
     entry["hatch_aoti"] = _manifest()["hatch_aoti"]
     if "external" in entry.get("weights", {}):
         from .external import state
 
-        entry["weights_source"] = state(name, _entry(name))
+        entry["weights_source"] = state(name, chosen)
     return entry
 
 
-def load(name: str) -> Callable[..., Any]:
-    """The compiled model ``name``, loaded on first use and shared afterwards."""
-    model = _LOADED.get(name)
+def load(name: str, precision: str | None = None) -> Callable[..., Any]:
+    """The compiled model ``name``, loaded on first use and shared afterwards: the first of its variants
+    this CPU runs natively, or the one ``precision`` (or ``HATCH_AOTI_PRECISION``) names."""
+    key = (name, precision or os.environ.get("HATCH_AOTI_PRECISION") or None)  # None: chosen for this CPU
+    model = _LOADED.get(key)
     if model is not None:
         return model
-    entry = _entry(name)
+    _entry(name)
     with _LOCK:
-        model = _LOADED.get(name)
+        model = _LOADED.get(key)
         if model is None:
+            import torch
+
             from .calls import aoti_call, checked_call
             from .engine import Model
 
-            built = Model(name, entry, _ARTIFACTS, _manifest()["torch"])
-            model = _LOADED[name] = aoti_call(built) if built.backend == "aoti" else checked_call(built)
+            entry, _ = _variant(name, precision, torch)
+            same = (name, entry.get("precision", "float32"))  # one copy, however the variant was asked for
+            model = _LOADED.get(same)
+            if model is None:
+                built = Model(name, entry, _ARTIFACTS, _manifest()["torch"])
+                model = aoti_call(built) if built.backend == "aoti" else checked_call(built)
+            _LOADED[key] = _LOADED[same] = model
     return model
 
 
-def save_pt2(name: str, path: str) -> str:
-    """Write model ``name`` as a standard ``.pt2`` package (``aoti_load_package``, C++).
+def save_pt2(name: str, path: str, precision: str | None = None) -> str:
+    """Write model ``name`` (the variant that loads here, or ``precision``'s) as a standard ``.pt2`` package
+    (``aoti_load_package``, C++).
 
     A model with mapped weights keeps them beside its library there too: load that package
     with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``.
     """
     from .pt2 import write
 
-    entry = _entry(name)
+    entry, _ = _variant(name, precision)
     part = f"{path}.{os.getpid()}.part"
     try:
         with open(part, "wb") as f:
-            write(name, entry, os.path.join(_ARTIFACTS, name), f)
+            write(name, entry, os.path.join(_ARTIFACTS, variant_name(name, entry.get("precision", "float32"))), f)
         os.replace(part, path)
     finally:
         if os.path.exists(part):
@@ -108,12 +139,13 @@ def save_pt2(name: str, path: str) -> str:
 
 
 def fetch(*models: str) -> dict[str, str]:
-    """Fetch and verify the external weights of ``models`` (all that have them, if none are named); their paths."""
+    """Fetch and verify the external weights of ``models`` (all that have them, if none are named), of the
+    variant of each that loads here; their paths."""
     from .external import fetched
 
     found = {}
-    for name in models or [n for n, e in _manifest()["models"].items() if "external" in e.get("weights", {})]:
-        weights = _entry(name).get("weights", {})
+    for name in models or names():
+        weights = _variant(name, None)[0].get("weights", {})
         if "external" in weights:
             found[name] = fetched(name, weights)
     return found

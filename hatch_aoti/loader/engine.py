@@ -11,7 +11,7 @@ from .host import check_symbols, damaged, problems
 from .inputs import describe, exported_layout, fits, tensor_check, unsafe_writes
 from .packing import chosen, packed
 from .runtime import opened
-from .schema import Entry, Output, Parameter
+from .schema import Entry, Output, Parameter, variant_name
 from .specs import children, treespec
 from .weights import mapped
 
@@ -33,7 +33,9 @@ class Model:
         import torch
         from torch.utils import _pytree as pytree
 
-        self.name, self.directory, self.built_with = name, os.path.join(artifacts, name), built_with
+        self.precision = entry.get("precision", "float32")
+        folder = variant_name(name, self.precision)
+        self.name, self.directory, self.built_with = name, os.path.join(artifacts, folder), built_with
         self.device = entry["device"]
         problem = next(iter(problems(entry, torch)), None) or damaged(entry, self.directory)
         if problem:
@@ -50,7 +52,7 @@ class Model:
 
                 self.run = Precompiled(torch, name, entry, self.directory)
             else:
-                self.run = backend_runtime(name, entry, artifacts)
+                self.run = backend_runtime(name, entry, artifacts)  # float32 only: the build refuses others
             in_spec, out_spec = entry["call_spec"]
         self.pytree = pytree
         self.tensor = torch.Tensor

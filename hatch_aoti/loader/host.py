@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from .packing import pack_ops
-from .schema import Cpu, Entry
+from .schema import PRECISIONS, Cpu, Entry
 
 
 def problems(entry: Entry, torch: Any = None) -> list[str]:
@@ -30,6 +30,63 @@ def problems(entry: Entry, torch: Any = None) -> list[str]:
     except ValueError as exc:
         found.append(f"cannot load here: {exc}")
     return [p for p in found if p]
+
+
+#: What a precision needs of the CPU to run natively: any one of these features (CPUID's names, which
+#: /proc/cpuinfo shares). Without one, bfloat16 arithmetic is emulated in float32, slower than float32.
+NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16")}
+ENVIRONMENT = "HATCH_AOTI_PRECISION"
+
+
+def precision_of(entry: Entry) -> str:
+    return entry.get("precision", "float32")
+
+
+def precision_problem(
+    precision: str, cpuid: dict[str, bool] | None = None, flags: frozenset[str] | None = None
+) -> str | None:
+    """Why this CPU does not run ``precision`` natively, or ``None``; CPUID wins over /proc/cpuinfo, as in
+    :func:`cpu_problem`."""
+    needs = NATIVE.get(precision)
+    if not needs:
+        return None
+    flags = host_flags() if flags is None else flags
+    for feature in needs:
+        answer = (cpuid or {}).get(feature)
+        if answer is True or (answer is None and flags is not None and feature in flags):
+            return None
+    return f"needs a CPU with native {precision} arithmetic ({' or '.join(needs)}); this CPU has neither"
+
+
+def choose(name: str, entry: Entry, wanted: str | None = None, torch: Any = None) -> tuple[Entry, dict[str, str]]:
+    """The variant of a model that loads here, and why each one listed before it was passed over.
+
+    ``wanted`` (``load(precision=...)`` or ``HATCH_AOTI_PRECISION``) picks one; a precision this CPU does
+    not run natively is then an error rather than a slow model."""
+    found = [entry, *entry.get("variants", [])]
+    listed = ", ".join(precision_of(v) for v in found)
+    caps = cpuid(torch) if torch is not None else None
+    if wanted is not None:
+        if wanted not in PRECISIONS:
+            raise ValueError(f"compiled model {name!r}: precision {wanted!r} is not one of {', '.join(PRECISIONS)}")
+        match = next((v for v in found if precision_of(v) == wanted), None)
+        if match is None:
+            raise LookupError(f"compiled model {name!r} has no {wanted} variant; it was built in: {listed}")
+        problem = precision_problem(wanted, caps)
+        if problem is not None:
+            raise RuntimeError(f"compiled model {name!r}: its {wanted} variant {problem}; its variants: {listed}")
+        return match, {}
+    passed: dict[str, str] = {}
+    for variant in found:
+        problem = precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
+        if problem is None:
+            return variant, passed
+        passed[precision_of(variant)] = problem
+    only = precision_of(entry)
+    if len(found) == 1 and precision_problem(only, caps) is None:
+        return entry, {}  # its own problem is told when it loads
+    reasons = "; ".join(f"{p}: {why}" for p, why in passed.items())
+    raise RuntimeError(f"compiled model {name!r} has no variant that runs here ({reasons})")
 
 
 def damaged(entry: Entry, directory: str) -> str | None:

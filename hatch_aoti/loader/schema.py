@@ -15,6 +15,13 @@ ARTIFACT_DIR = "_aoti"
 MANIFEST = "manifest.json"
 FORMAT = 2
 """The manifest format this loader reads; a build writes this one."""
+PRECISIONS = ("float32", "bfloat16", "int8")
+"""The precisions a model's variants are built in: ``float32`` is the model as its factory returns it."""
+
+
+def variant_name(model: str, precision: str) -> str:
+    """The folder (under ``_aoti``) of one variant of a model: the model's own name for ``float32``."""
+    return model if precision == "float32" else f"{model}@{precision}"
 
 
 class Dim(TypedDict, total=False):
@@ -138,6 +145,12 @@ class Entry(TypedDict, total=False):
     torch: str
     tuning: dict[str, Any]
     """``tune = true``: each candidate's time or why it was dropped, and the one kept."""
+    precision: str
+    """One of :data:`PRECISIONS` (``float32`` where absent); its files are in :func:`variant_name`'s folder."""
+    variants: list[Entry]
+    """The model's other variants, in the order of preference the build was given (the first is this one)."""
+    quantized: str
+    """``int8``: what was quantized, as the build log said it."""
 
 
 class Manifest(TypedDict):

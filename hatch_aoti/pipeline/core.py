@@ -498,7 +498,9 @@ class Coordination:
             raise BuildFailed(f"{head}{kept}:\n{lines}")
 
     def _model_path(self, name: str) -> str:
-        return next((m.path for m in self.settings.models if m.name == name), model_path(self.settings.table, name))
+        """The TOML path of a model, or of the model a variant (``name@bfloat16``) belongs to."""
+        model = name.partition("@")[0]
+        return next((m.path for m in self.settings.models if m.name == model), model_path(self.settings.table, model))
 
 
 def _last_exception(tail: str) -> str:

@@ -11,9 +11,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hatch_aoti.loader.schema import variant_name
 from hatch_aoti.pipeline import manifest
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
-from hatch_aoti.settings.spec import Settings
+from hatch_aoti.settings.spec import ModelSpec, Settings
 
 #: A package index's default limit per file (PyPI's): above it, the build says how to stay under.
 INDEX_LIMIT = 100 * 10**6
@@ -37,26 +38,9 @@ def publish(settings: Settings, root: Path, output: Path | None, package: Path, 
         data = manifest.read(package)
         target = weights_dir(settings, root, output)
         for spec in external:
-            entry = data["models"][spec.name]
-            weights = entry.get("weights")
-            if weights is None:  # nothing to fetch: a model without parameters
-                report.warning(f'aoti: {spec.name}: `weights = "external"`, but the model has no weights to keep out')
-                continue
-            source = package / ARTIFACT_DIR / spec.name / weights["file"]
-            name, size = f"{weights['sha256']}.bin", source.stat().st_size
-            try:
-                _place(source, target / name)
-            except OSError as exc:
-                raise NotWritten(
-                    f"model {spec.name!r}: cannot write its weights to {target} ({exc.strerror or exc}); "
-                    f"set `weights-dir` in {settings.table} to a writable directory with {size / 2**20:.0f} MiB free"
-                ) from None
-            entry.get("files", {}).pop(weights["file"], None)
-            entry.get("sizes", {}).pop(weights["file"], None)  # the wheel's files only (the manifest's check)
-            weights["external"] = {"url": str(spec.weights_url), "file": name, "size": size}
-            url = str(spec.weights_url).replace("{file}", name)
-            mib = size / 2**20
-            report.info(f"aoti: {spec.name}: weights are external: upload {target / name} ({mib:.1f} MiB) to {url}")
+            model = data["models"][spec.name]
+            for entry in (model, *model.get("variants", [])):  # each variant has a weights file of its own
+                _publish_one(settings, spec, entry, package, target, report)
         manifest.write(package, data)
     total = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
     if total > INDEX_LIMIT:
@@ -64,6 +48,30 @@ def publish(settings: Settings, root: Path, output: Path | None, package: Path, 
             f"aoti: warning: the wheel's models take {total / 10**6:.0f} MB, above the {INDEX_LIMIT // 10**6} MB a "
             'package index such as PyPI takes per file; `weights = "external"` keeps the weights out of the wheel'
         )
+
+
+def _publish_one(settings: Settings, spec: ModelSpec, entry: Any, package: Path, target: Path, report: Any) -> None:
+    """One variant's weights file moved to ``target``, and its entry told where it is served."""
+    folder = variant_name(spec.name, entry.get("precision", "float32"))
+    weights = entry.get("weights")
+    if weights is None:  # nothing to fetch: a model without parameters
+        report.warning(f'aoti: {folder}: `weights = "external"`, but the model has no weights to keep out')
+        return
+    source = package / ARTIFACT_DIR / folder / weights["file"]
+    name, size = f"{weights['sha256']}.bin", source.stat().st_size
+    try:
+        _place(source, target / name)
+    except OSError as exc:
+        raise NotWritten(
+            f"model {spec.name!r}: cannot write its weights to {target} ({exc.strerror or exc}); "
+            f"set `weights-dir` in {settings.table} to a writable directory with {size / 2**20:.0f} MiB free"
+        ) from None
+    entry.get("files", {}).pop(weights["file"], None)
+    entry.get("sizes", {}).pop(weights["file"], None)  # the wheel's files only (the manifest's check)
+    weights["external"] = {"url": str(spec.weights_url), "file": name, "size": size}
+    url = str(spec.weights_url).replace("{file}", name)
+    mib = size / 2**20
+    report.info(f"aoti: {folder}: weights are external: upload {target / name} ({mib:.1f} MiB) to {url}")
 
 
 def _place(source: Path, dest: Path) -> None:

@@ -34,8 +34,9 @@ class Progress:
     compiled: set[str] = field(default_factory=set)
 
     def at(self, model: str) -> str:
-        """``[k/N] model``: the model with its place among the build's."""
-        place = self.models.index(model) + 1 if model in self.models else "?"
+        """``[k/N] model``: the model (or its variant, ``name@bfloat16``) with its place among the build's."""
+        base = model.partition("@")[0]
+        place = self.models.index(base) + 1 if base in self.models else "?"
         return f"[{place}/{len(self.models)}] {model}"
 
     def entered(self, model: str, stage: str) -> str | None:
@@ -67,4 +68,7 @@ class Progress:
             f"{len(self.compiled)} compiled" if self.compiled else "",
         ]
         said = ", ".join(part for part in parts if part)
+        variants = {*self.cached, *self.compiled}
+        if said and any("@" in v for v in variants):  # counted by variant, not by model
+            said = f"{len(variants)} variants: {said}"
         return f"aoti: {count} model{'s' if count != 1 else ''} in {seconds:.1f}s" + (f" ({said})" if said else "")

@@ -71,3 +71,12 @@ def parse_rule(text: str) -> tuple[str, int, int] | None:
     mult = int(found[1] or found[3] or 1)
     offset = int(found[5] or 0) * (-1 if found[4] == "-" else 1)
     return (found[2], mult, offset) if mult > 0 else None
+
+
+#: The build-time check of each lower precision when `accuracy` leaves it: every floating output's
+#: relative error norm against the float32 model at most ``rel_error``, its cosine similarity at least
+#: ``cosine`` (how they were chosen: docs/configuration.md#precision).
+ACCURACY: dict[str, dict[str, float]] = {
+    "bfloat16": {"rel_error": 0.02, "cosine": 0.999},
+    "int8": {"rel_error": 0.1, "cosine": 0.99},
+}

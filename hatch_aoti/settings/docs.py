@@ -14,11 +14,17 @@ from pathlib import Path
 
 from hatch_aoti.settings.environment import GROUPS
 from hatch_aoti.settings.environment import reference as environment_reference
-from hatch_aoti.settings.model import DimSpec, ModelTable, Table, TensorSpec
+from hatch_aoti.settings.model import AccuracySpec, DimSpec, ModelTable, Table, TensorSpec
 from hatch_aoti.settings.reader import reference
 from hatch_aoti.settings.schema import tool_schema
 
-TABLES = {"config:table": Table, "config:model": ModelTable, "config:input": TensorSpec, "config:dim": DimSpec}
+TABLES = {
+    "config:table": Table,
+    "config:model": ModelTable,
+    "config:input": TensorSpec,
+    "config:dim": DimSpec,
+    "config:accuracy": AccuracySpec,
+}
 PAGE = Path("docs/configuration.md")
 SCHEMA = Path("docs/hatch-aoti.schema.json")
 ENV_PAGE = Path("docs/environment.md")

@@ -99,6 +99,14 @@ VARIABLES: tuple[Variable, ...] = (
         "configuration.md#fast-defaults",
     ),
     Variable(
+        "HATCH_AOTI_PRECISION",
+        ("loader",),
+        "the first variant this CPU runs natively",
+        "which variant `load()` takes of every model: `float32`, `bfloat16` or `int8`; a model without it, "
+        "or a CPU without native arithmetic for it, is then an error",
+        "configuration.md#precision",
+    ),
+    Variable(
         "HATCH_AOTI_INSTANCES",
         ("loader",),
         "one per CPU",

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hatch_aoti.loader.schema import PRECISIONS
 from hatch_aoti.settings.constants import (
     DTYPES,
     INTEGER_DEFAULTS,
@@ -55,6 +56,25 @@ def _dtype(value: str, path: str, problems: Problems) -> Any:
     hint = did_you_mean(value, DTYPES) or f"; known: {', '.join(sorted(set(DTYPES.values())))}"
     problems.add(path, f"unknown dtype {value!r}{hint}")
     return INVALID
+
+
+def _precision(value: str | tuple[str, ...], path: str, problems: Problems) -> Any:
+    """One precision or a non-empty list of distinct ones, kept as a tuple in order of preference."""
+    listed = (value,) if isinstance(value, str) else value
+    if not listed:
+        problems.add(path, f"must name at least one precision: {', '.join(map(repr, PRECISIONS))}")
+        return INVALID
+    bad = False
+    for index, name in enumerate(listed):
+        where = path if isinstance(value, str) else f"{path}[{index}]"
+        if name not in PRECISIONS:
+            hint = did_you_mean(name, PRECISIONS) or f"; one of {', '.join(map(repr, PRECISIONS))}"
+            problems.add(where, f"unknown precision {name!r}{hint}")
+            bad = True
+        elif name in listed[:index]:
+            problems.add(where, f"{name!r} is listed twice")
+            bad = True
+    return INVALID if bad else tuple(listed)
 
 
 def _shape(value: tuple[Any, ...], path: str, problems: Problems) -> Any:
@@ -238,6 +258,31 @@ class DimSpec:
             )
 
 
+def _fraction(value: float, path: str, problems: Problems) -> Any:
+    if 0 <= value <= 1:
+        return float(value)
+    problems.add(path, f"must be between 0 and 1, not {value!r}")
+    return INVALID
+
+
+@dataclass(frozen=True)
+class AccuracySpec:
+    """How far a lower-precision variant may be from the float32 eager model, on every output."""
+
+    EXAMPLE: typing.ClassVar[str] = "{ rel-error = 0.02, cosine = 0.999 }"
+
+    rel_error: float | None = key(
+        "largest relative error norm, `‖y − eager‖ / ‖eager‖`, of each floating output",
+        shown="by precision (see [Precision](#precision))",
+        check=_fraction,
+    )
+    cosine: float | None = key(
+        "smallest cosine similarity of each floating output with eager's",
+        shown="by precision (see [Precision](#precision))",
+        check=_fraction,
+    )
+
+
 @dataclass(frozen=True)
 class ModelTable:
     """One ``models.<name>`` table as written."""
@@ -316,6 +361,26 @@ class ModelTable:
         shown="the table's `optimize`",
         check=_optimize,
         choices=OPTIMIZE,
+    )
+
+    precision: str | tuple[str, ...] | None = key(
+        '`"float32"`, `"bfloat16"` or `"int8"`, or a list of them in order of preference: each is built, verified '
+        "and shipped as a variant, and the loader takes the first this CPU runs natively (see [Precision](#precision))",
+        shown="the table's `precision`",
+        check=_precision,
+        expected='a precision or a list of them (e.g. ["bfloat16", "float32"])',
+    )
+    calibration: str | None = key(
+        '`int8`: `"module:attr"` of a callable returning samples shaped like the example inputs\' ones; '
+        "convolutions are quantized only with it (see [Precision](#precision))",
+        check=_entry_point,
+        expected='a string "module:attr" (e.g. "my_pkg.models:calibration")',
+    )
+    accuracy: dict[str, AccuracySpec] = key(
+        "the build-time check of each lower-precision variant, by precision: "
+        "`{ bfloat16 = { rel-error = 0.02, cosine = 0.999 } }` (see [Precision](#precision))",
+        factory=dict,
+        shown="by precision",
     )
 
     def rules(self, path: str, problems: Problems, ok: Callable[..., bool]) -> None:
@@ -413,6 +478,12 @@ class Table:
         check=_backend,
     )
     tune: bool = key("default `tune` of the models (`aoti` models; see [Tuning](#tuning))", default=False)
+    precision: str | tuple[str, ...] = key(
+        "default `precision` of the models (see [Precision](#precision))",
+        default="float32",
+        check=_precision,
+        expected='a precision or a list of them (e.g. ["bfloat16", "float32"])',
+    )
     optimize: str = key(
         "default `optimize` of the models (see [Optimizing for the build machine](#optimizing-for-the-build-machine))",
         default=PORTABLE,

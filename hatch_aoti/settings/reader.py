@@ -155,7 +155,10 @@ def conform(tp: Any, value: Any, path: str, problems: Problems, expected: str | 
         tables = [a for a in options if dataclasses.is_dataclass(a)]
         if tables and isinstance(value, dict):  # `{ min = 1 }` read as its table, with its own checks
             return conform(tables[0], value, path, problems, expected)
-        if any(matches(a, value) for a in options):
+        arrays = [a for a in options if typing.get_origin(a) in (tuple, list)]
+        if arrays and isinstance(value, list):  # `["bfloat16", "float32"]` read as its array
+            return conform(arrays[0], value, path, problems, expected)
+        if any(matches(a, value) for a in options if typing.get_origin(a) is None):
             return value
         problems.add(path, f"must be {expected or describe(tp)}, not {value!r}")
         return INVALID

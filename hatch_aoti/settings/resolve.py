@@ -7,6 +7,7 @@ problem of one build is listed at once.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +48,7 @@ def parse_settings(
                     f"{model_path(table, name)}.tune", f"tunes `aoti` models only; this one's backend is {backend!r}"
                 )
             _host_problems(name, model, parsed, table, problems)
+            _precision_problems(name, model, parsed, table, problems)
     specs = _specs(parsed, targets, table) if parsed is not None else ()
     for path, message in (p for spec in specs for p in (backend_check(spec) if backend_check else ())):
         problems.add(path, message)
@@ -91,7 +93,43 @@ def _spec(name: str, model: ModelTable, target: str, backend: str, path: str, pa
         tune=(parsed.tune if model.tune is None else model.tune) and backend == "aoti",
         weights_url=model.weights_url,
         optimize=applied_optimize(model.optimize, parsed.optimize),
+        precision=_as_tuple(model.precision or parsed.precision),
+        calibration=model.calibration,
+        accuracy={
+            p: {k: v for k, v in (("rel_error", a.rel_error), ("cosine", a.cosine)) if v is not None}
+            for p, a in model.accuracy.items()
+        },
     )
+
+
+def _as_tuple(precision: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (precision,) if isinstance(precision, str) else tuple(precision)
+
+
+def _precision_problems(name: str, model: ModelTable, parsed: Table, table: str, problems: Problems) -> None:
+    """Lower precisions are for CPU `aoti` models; `calibration` and `accuracy` name precisions it builds."""
+    path = model_path(table, name)
+    listed = _as_tuple(model.precision or parsed.precision)
+    where = f"{path}.precision" if model.precision else f"{table}.precision"
+    lower = [p for p in listed if p != "float32"]
+    backend = model.backend or parsed.backend
+    if lower and backend != "aoti":
+        problems.add(where, f"{', '.join(lower)} variants are for `aoti` models; this one's backend is {backend!r}")
+    elif lower and model.device != "cpu":
+        problems.add(where, f"{', '.join(lower)} variants are for CPU models for now, not {model.device}")
+    if model.calibration is not None and "int8" not in listed:
+        problems.add(f"{path}.calibration", "applies only where `precision` lists `int8`")
+    for precision in model.accuracy:
+        if precision not in lower:
+            problems.add(
+                f"{path}.accuracy.{precision}",
+                f"applies to a lower precision this model builds ({', '.join(lower) or 'none'}), not {precision!r}",
+            )
+    if "int8" in listed and importlib.util.find_spec("torchao") is None:
+        problems.add(
+            where,
+            "`int8` needs torchao at build time (its PT2E quantizer); add `torchao` to `build-system.requires`",
+        )
 
 
 def _host_problems(name: str, model: ModelTable, parsed: Table, table: str, problems: Problems) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hatch_aoti.loader.schema import variant_name
 from hatch_aoti.settings.constants import HATCH_TABLE, PORTABLE
 from hatch_aoti.settings.model import DimSpec, TensorSpec
 
@@ -43,10 +44,22 @@ class ModelSpec:
     """Compile candidate settings and keep the fastest that verifies (the model's own, or the table's)."""
     optimize: str = PORTABLE
     """``host``: compiled for the build machine's CPU (the model's own, or the table's)."""
+    precision: tuple[str, ...] = ("float32",)
+    """The variants to build, in order of preference (the model's own, or the table's)."""
+    calibration: str | None = None
+    """``int8``: ``"module:attr"`` of the samples convolutions are calibrated on."""
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Limits of each lower precision's check (``rel_error``, ``cosine``), where the user set them."""
+
+    @property
+    def variants(self) -> list[tuple[str, str]]:
+        """Each variant's name (its folder, and its name in the build's progress) and precision."""
+        return [(variant_name(self.name, p), p) for p in self.precision]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSpec:
         data = dict(data)
+        data["precision"] = tuple(data["precision"])
         if data["inputs"] is not None:
             data["inputs"] = tuple(_tensor_from_json(t) for t in data["inputs"])
         data["kwargs"] = {k: _tensor_from_json(v) for k, v in data["kwargs"].items()}

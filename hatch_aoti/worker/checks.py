@@ -39,6 +39,8 @@ class Prepared:
     """The plan again, for the spec with other ``dynamic`` entries (the rules export suggests)."""
     signature: list[dict[str, Any]] = field(default_factory=list)
     """``forward``'s parameters (:func:`signature_record`): the loader binds calls to them."""
+    calibration: list[Any] = field(default_factory=list)
+    """``int8``: the ``(args, kwargs)`` samples ``calibration`` returned, checked like example inputs."""
 
 
 def short_exception(exc: BaseException) -> str:
@@ -93,7 +95,34 @@ def check_model(spec: ModelSpec, problems: list[Problem]) -> Prepared | None:
             )
         )
         return None
-    return Prepared(spec, module, planned.plan, configs, mutated, planned.replan, signature_record(signature))
+    calibration = _calibration(spec, module, problems)
+    if calibration is None:
+        return None
+    record = signature_record(signature)
+    return Prepared(spec, module, planned.plan, configs, mutated, planned.replan, record, calibration)
+
+
+def _calibration(spec: ModelSpec, module: Any, problems: list[Problem]) -> list[Any] | None:
+    """The samples ``calibration`` returns, each run through the eager model once; ``None`` with the problem."""
+    from hatch_aoti.worker.inputs import InputError, normalise_samples
+
+    if spec.calibration is None:
+        return []
+    path = f"{spec.path}.calibration"
+    called, returned = _call(spec.calibration, path, problems)
+    if not called:
+        return None
+    try:
+        samples = normalise_samples(returned)
+    except InputError as exc:
+        problems.append((path, str(exc).replace("example-inputs", "calibration")))
+        return None
+    for index, (args, kwargs) in enumerate(samples):
+        failure, _ = _dry_run(module, args, kwargs)
+        if failure is not None:
+            problems.append((path, f"the model failed on sample {index}: {failure}"))
+            return None
+    return samples
 
 
 def signature_record(signature: inspect.Signature) -> list[dict[str, Any]]:

@@ -60,6 +60,8 @@ class Coordinator:
         self.signatures: dict[str, list[dict[str, Any]]] = {}
         self.facts: dict[str, ProgramFacts] = {}
         """What each model's exported program says of it, by model."""
+        self.quantized: dict[str, str] = {}
+        """What each ``int8`` variant's quantizer took, as the log says it."""
         self.tuner = Tuner(self)
 
     def run(self, specs: list[ModelSpec]) -> None:
@@ -74,13 +76,31 @@ class Coordinator:
         if problems:
             self.emit(protocol.Problems(problems))
             return
+        from hatch_aoti.worker.precision import variants
+
+        prepared = [variant for model in prepared for variant in variants(model)]  # each built as a model
         misses = [m for model in prepared for m in self.export_and_look_up(model)]
         hand_back_freed()  # what export traced
         self.compile(misses)
         self.tuner.time_candidates(prepared)
         if not self.failed:
-            self.write_manifest({s.name: self.entries[s.name] for s in specs})
+            self.write_manifest({s.name: self.variant_entry(s) for s in specs})
         self.emit(protocol.Done(_torch_version(), list(self.entries), list(self.failed)))
+
+    def variant_entry(self, spec: ModelSpec) -> dict[str, Any]:
+        """A model's entry in the manifest: its first variant's, with the others after it."""
+        if spec.precision == ("float32",):
+            return self.entries[spec.name]
+        found = [
+            {
+                **self.entries[label],
+                "precision": precision,
+                "factory": spec.factory,
+                "signature": self.signatures[label],
+            }
+            for label, precision in spec.variants
+        ]
+        return {**found[0], "variants": found[1:]} if len(found) > 1 else found[0]
 
     # -- export, key, cache ---------------------------------------------------------------
 
@@ -175,21 +195,28 @@ class Coordinator:
             "inductor_configs": configs,
             "cpu": {"target": cpu.name, "arch": cpu.arch, "features": list(cpu.features)},
         }
+        if spec.name in self.quantized:
+            entry["quantized"] = self.quantized[spec.name]
         return Miss(model, exported, key, entry, backend, label)
 
     def export(self, model: Prepared) -> Any:
         """``torch.export``; where it finds that dims are related (a length that must be a multiple of a
         frame), the relations it suggests are applied and the model exported again."""
-        import torch
+        from hatch_aoti.worker import precision
 
         for attempt in range(3):
             args, kwargs = model.plan.export_sample
             try:
-                return torch.export.export(model.module, args, kwargs, dynamic_shapes=model.plan.dynamic_shapes)
+                exported, quantized = precision.export(model, args, kwargs, model.plan.dynamic_shapes)
             except Exception as exc:
                 failure = ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}")
                 if attempt == 2 or not self.apply_suggested_rules(model, str(exc)):
                     raise failure from None
+            else:
+                if quantized is not None:
+                    self.quantized[model.spec.name] = quantized
+                    self.emit(protocol.Info(f"{model.spec.name}: {quantized}"))
+                return exported
         raise AssertionError("unreachable")
 
     def apply_suggested_rules(self, model: Prepared, message: str) -> bool:
@@ -356,19 +383,26 @@ class Coordinator:
 
     def verify(self, miss: Miss, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float] | None]:
         from hatch_aoti.worker.module_weights import use_module_weights
+        from hatch_aoti.worker.precision import limits, precision_of, verify_variant
         from hatch_aoti.worker.verify import VerificationFailed, rebuilt_unlike, region_edges, verify_model
 
         spec = miss.model.spec
         if not spec.verify:
             return {"passed": None, "skipped": "verify = false"}, None
-        loader = self.staged_loader({miss.label: entry})
+        loader = self.staged_loader({miss.label: entry})  # no precision yet: verified on any CPU
+        lower = precision_of(miss.model) != "float32"
         try:
             compiled = loader.load(miss.label)
-            if "weights" in entry and getattr(compiled, "weights", None):  # mapped, not only packed at load
+            if "weights" in entry and getattr(compiled, "weights", None) and not lower:  # mapped, not only packed
                 use_module_weights(miss.model.module, compiled, self.artifacts / miss.label, entry["weights"])
             plan = miss.model.plan
             samples = [*plan.verify_samples, *region_edges(plan, entry.get("regions", []))]
-            report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
+            if lower:  # against float32 eager, on the calibration samples too
+                samples += [(f"calibration sample {i}", s) for i, s in enumerate(miss.model.calibration)]
+                check = limits(miss.model)
+                report, worst = verify_variant(miss.model.module, samples, compiled, precision_of(miss.model), check)
+            else:
+                report, worst = verify_model(miss.model.module, samples, compiled, spec.rtol, spec.atol)
         except VerificationFailed as exc:
             rebuilt = exc.mismatch and "module" in entry.get("needs", {})  # built by the factory at load
             why = rebuilt_unlike(spec, miss.backend.name) if rebuilt else None

@@ -156,4 +156,7 @@ def cache_key(
         "cuda": cuda_capability(spec.device),
         "hatch_aoti": own_identity(),
     }
+    precision = spec.precision[0]
+    if precision != "float32":  # a variant: its check and its calibration (float32 keys stay as they were)
+        parts["precision"] = [precision, spec.accuracy.get(precision, {}), spec.calibration]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

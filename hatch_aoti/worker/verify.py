@@ -334,8 +334,8 @@ def verify_model(
         shapes = [list(t.shape) for t in pytree.tree_leaves(sample) if isinstance(t, torch.Tensor)]
         (e_args, e_kwargs), (c_args, c_kwargs) = copied(sample), copied(sample)
         with torch.no_grad():
-            expected = _call(module, e_args, e_kwargs, f"eager model failed on {label} inputs {shapes}")
-            actual = _call(compiled, c_args, c_kwargs, f"compiled model failed on {label} inputs {shapes}")
+            expected = run_or_fail(module, e_args, e_kwargs, f"eager model failed on {label} inputs {shapes}")
+            actual = run_or_fail(compiled, c_args, c_kwargs, f"compiled model failed on {label} inputs {shapes}")
         wide = functools.cache(lambda sample=sample: reference(module, *copied(sample)))  # costly: at most once
         if needs_reference(expected, rtol, atol):
             checks.add("float64 reference" if wide() is not None else "eager (no float64 run)")
@@ -385,6 +385,8 @@ def summary(report: dict[str, Any] | None, errors: dict[str, float] | None) -> s
     text = f"verified against eager on {len(report.get('tried', []))} input set(s)"
     if not errors:
         return text
+    if "rel_error" in errors:  # a lower-precision variant
+        return f"{text}, relative error {errors['rel_error']:.2g}, cosine {errors['cosine']:.6f}"
     checked = " (float32 outputs checked against a float64 run)" if errors.get("float64_checked") else ""
     return f"{text}, max abs err {errors['max_abs_err']:.2g}{checked}"
 
@@ -420,7 +422,8 @@ def copied(sample: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), sample)
 
 
-def _call(fn: Callable[..., Any], args: Any, kwargs: Any, what: str) -> Any:
+def run_or_fail(fn: Callable[..., Any], args: Any, kwargs: Any, what: str) -> Any:
+    """``fn``'s result; its exception as a :class:`VerificationFailed` saying what failed."""
     try:
         return fn(*args, **kwargs)
     except Exception as exc:

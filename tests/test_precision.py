@@ -1,0 +1,350 @@
+"""Precision variants: the settings, the loader's choice per CPU, the bfloat16 export, the lower-precision
+check, and one wheel built with ``precision = ["bfloat16", "int8", "float32"]`` and calibration samples."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hatch_aoti.loader import host
+from hatch_aoti.pipeline.manifest import entry_problem
+from hatch_aoti.settings.reader import ConfigError
+from hatch_aoti.settings.resolve import parse_settings
+from hatch_aoti.worker.precision import bfloat16_layers, verify_variant
+from hatch_aoti.worker.verify import VerificationFailed
+from tests.conftest import Runtime, build_no_isolation, run, write_project
+
+TABLE = "tool.hatch.build.targets.wheel.hooks.aoti"
+
+# -- settings ------------------------------------------------------------------------------------------------
+
+
+def model(**keys: Any) -> dict[str, Any]:
+    return {"factory": "m:f", "inputs": [{"shape": [2, 8]}], **keys}
+
+
+def test_precision_is_one_value_or_a_list_in_order_and_the_table_gives_the_default() -> None:
+    settings = parse_settings(
+        {"precision": ["bfloat16", "float32"], "models": {"a": model(), "b": model(precision="int8")}}
+    )
+    a, b = settings.models
+    assert a.precision == ("bfloat16", "float32") and a.variants == [("a@bfloat16", "bfloat16"), ("a", "float32")]
+    assert b.precision == ("int8",)
+    assert parse_settings({"models": {"c": model()}}).models[0].precision == ("float32",)
+
+
+def test_every_precision_problem_is_listed_at_once_with_its_path() -> None:
+    raw = {
+        "precision": ["bf16"],
+        "models": {
+            "twice": model(precision=["int8", "int8"]),
+            "other": model(precision="bfloat16", backend="precompile", calibration="m:c"),
+            "far": model(precision="bfloat16", accuracy={"int8": {"rel-error": 0.5}, "bfloat16": {"cosine": 2}}),
+            "gpu": model(precision=["bfloat16", "float32"], device="cuda"),
+        },
+    }
+    with pytest.raises(ConfigError) as raised:
+        parse_settings(raw)
+    found = dict(raised.value.problems)
+    assert found[f"{TABLE}.precision[0]"] == "unknown precision 'bf16' (did you mean `bfloat16`?)"
+    assert found[f"{TABLE}.models.twice.precision[1]"] == "'int8' is listed twice"
+    assert "for `aoti` models" in found[f"{TABLE}.models.other.precision"]
+    assert found[f"{TABLE}.models.other.calibration"] == "applies only where `precision` lists `int8`"
+    assert found[f"{TABLE}.models.far.accuracy.bfloat16.cosine"] == "must be between 0 and 1, not 2"
+    assert "for CPU models" in found[f"{TABLE}.models.gpu.precision"]
+
+
+def test_an_accuracy_table_for_a_precision_the_model_does_not_build_is_refused() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings({"models": {"a": model(precision="bfloat16", accuracy={"int8": {"rel-error": 0.5}})}})
+    assert dict(raised.value.problems)[f"{TABLE}.models.a.accuracy.int8"].startswith("applies to a lower precision")
+
+
+# -- the loader's choice ------------------------------------------------------------------------------------
+
+HERE = {"arch": os.uname().machine, "target": "x86-64-v3", "features": []}
+
+
+def entry(*precisions: str) -> dict[str, Any]:
+    first, *rest = ({"cpu": HERE, "device": "cpu", "precision": p} for p in precisions)
+    return {**first, "variants": rest} if rest else first
+
+
+NO_BF16 = {"avx512_bf16": False, "amx_bf16": False, "avx2": True}
+BF16 = {"avx512_bf16": True, "amx_bf16": False}
+
+
+def choose(found: dict[str, Any], wanted: str | None, caps: dict[str, bool]) -> tuple[Any, dict[str, str]]:
+    class FakeTorch:
+        __version__ = torch.__version__
+
+        class cpu:
+            @staticmethod
+            def get_capabilities() -> dict[str, bool]:
+                return caps
+
+    return host.choose("m", found, wanted, FakeTorch)  # type: ignore[arg-type]
+
+
+def test_the_first_variant_this_cpu_runs_natively_is_chosen_and_the_others_say_why_not() -> None:
+    found = entry("bfloat16", "int8", "float32")
+    chosen, passed = choose(found, None, NO_BF16)
+    assert chosen["precision"] == "int8"
+    assert passed == {
+        "bfloat16": "needs a CPU with native bfloat16 arithmetic (avx512_bf16 or amx_bf16); this CPU has neither"
+    }
+    chosen, passed = choose(found, None, BF16)
+    assert chosen["precision"] == "bfloat16" and passed == {}
+    chosen, _ = choose(found, None, {"avx512_bf16": False, "amx_bf16": True})
+    assert chosen["precision"] == "bfloat16", "AMX-BF16 alone is native bfloat16"
+
+
+def test_the_cpus_own_answer_wins_over_proc_cpuinfo() -> None:
+    assert host.precision_problem("bfloat16", {"avx512_bf16": False}, frozenset({"avx512_bf16"})) is not None
+    assert host.precision_problem("bfloat16", {}, frozenset({"avx512_bf16"})) is None, "/proc/cpuinfo fills the gaps"
+    assert host.precision_problem("int8", NO_BF16, frozenset()) is None
+    assert host.precision_problem("float32", NO_BF16, frozenset()) is None
+
+
+def test_a_variant_asked_for_is_taken_or_refused_with_the_reason() -> None:
+    found = entry("bfloat16", "float32")
+    assert choose(found, "float32", BF16)[0]["precision"] == "float32"
+    with pytest.raises(RuntimeError, match="its bfloat16 variant needs a CPU with native bfloat16"):
+        choose(found, "bfloat16", NO_BF16)
+    with pytest.raises(LookupError, match="has no int8 variant; it was built in: bfloat16, float32"):
+        choose(found, "int8", BF16)
+    with pytest.raises(ValueError, match="precision 'fp16' is not one of float32, bfloat16, int8"):
+        choose(found, "fp16", BF16)
+
+
+def test_a_model_whose_only_variant_cannot_run_natively_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="has no variant that runs here"):
+        choose(entry("bfloat16"), None, NO_BF16)
+    assert choose(entry("float32"), None, NO_BF16)[0]["precision"] == "float32"
+
+
+def test_the_manifest_refuses_a_variant_that_is_not_one() -> None:
+    plain = {"call": [], "cpu": HERE, "device": "cpu", "file": "m.so"}
+    assert entry_problem({**plain, "precision": "bfloat16", "variants": [plain]}) is None
+    assert entry_problem({**plain, "precision": "fp8"}) == "`precision` is 'fp8', not one of float32, bfloat16, int8"
+    assert entry_problem({**plain, "variants": [plain]}) == "`variants[0]` is a second float32 variant"
+    nested = {**plain, "precision": "int8", "variants": []}
+    assert entry_problem({**plain, "variants": [nested]}) == "`variants[0]` has variants of its own"
+    assert entry_problem({**plain, "variants": [{**plain, "precision": "int8", "file": "../x"}]}) is not None
+
+
+# -- the bfloat16 export and the check ----------------------------------------------------------------------
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.conv(x).mean((2, 3))
+        return self.fc(self.norm(h)), h.argmax(-1)
+
+
+def test_the_bfloat16_export_leaves_the_module_as_it_was_and_takes_and_returns_float32() -> None:
+    torch.manual_seed(0)
+    block = Block().eval()
+    before = {k: (v, v.clone()) for k, v in block.state_dict(keep_vars=True).items()}
+    x = torch.randn(2, 3, 8, 8)
+    with bfloat16_layers(block) as count:
+        program = torch.export.export(block, (x,))
+    assert count == 2
+    assert all(block.state_dict(keep_vars=True)[k] is v and torch.equal(v, copy) for k, (v, copy) in before.items())
+    assert "forward" not in block.conv.__dict__, "the layer's own forward is back"
+    weights = program.state_dict
+    assert weights["conv.weight"].dtype == weights["fc.weight"].dtype == torch.bfloat16
+    assert weights["norm.weight"].dtype == torch.float32, "norms stay in float32"
+    y, index = program.module()(x)
+    expected, _ = block(x)
+    assert y.dtype == torch.float32 and index.dtype == torch.int64
+    assert float((y - expected).norm() / expected.norm()) < 0.02
+
+
+LIMIT = {"rel_error": 0.02, "cosine": 0.999}
+
+
+def test_a_variant_close_to_eager_passes_and_a_further_one_fails_naming_its_precision() -> None:
+    torch.manual_seed(0)
+    block = Block().eval()
+    x = torch.randn(2, 3, 8, 8)
+    samples = [("example", ((x,), {}))]
+    report, worst = verify_variant(block, samples, lambda t: block(t), "bfloat16", LIMIT)
+    assert report["passed"] and report["precision"] == "bfloat16" and report["rel_error"] == 0.02
+    assert worst["rel_error"] < 1e-6 and worst["cosine"] > 0.999999
+    assert report["against"] == ["float64 reference"]
+
+    def noisy(t: torch.Tensor) -> Any:
+        y, i = block(t)
+        return y + 0.1 * y.abs().mean() * torch.randn_like(y), i
+
+    with pytest.raises(VerificationFailed, match=r"the int8 variant differs from float32 eager on example inputs .*"
+                       r"output\[0\]: relative error [0-9.]+ \(at most 0.02\)"):  # fmt: skip
+        verify_variant(block, samples, noisy, "int8", LIMIT)
+    with pytest.raises(VerificationFailed, match=r"output\[0\]: eager torch.float32\[2, 4\], compiled torch.bfloat16\[2, 4\]"):
+        verify_variant(block, samples, lambda t: (block(t)[0].bfloat16(), block(t)[1]), "bfloat16", LIMIT)
+
+
+# -- one wheel, three variants ------------------------------------------------------------------------------
+
+HOOK = f"""
+[{TABLE}.models.net]
+factory = "prec.models:build"
+inputs = [{{ shape = ["batch", 3, 32, 32], dtype = "float32" }}]
+dynamic = {{ batch = {{ min = 1, max = 16 }} }}
+precision = ["bfloat16", "int8", "float32"]
+calibration = "prec.models:calibration"
+"""
+
+MODELS = """
+import torch
+
+
+class Net(torch.nn.Module):
+    # a convolution stem, then a transformer-like block of linear layers: every kind a variant lowers
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 64, 3, stride=2, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 128, 3, stride=2, padding=1), torch.nn.BatchNorm2d(128), torch.nn.ReLU(),
+        )
+        self.norm = torch.nn.LayerNorm(128)
+        self.up = torch.nn.Linear(128, 512)
+        self.down = torch.nn.Linear(512, 128)
+        self.head = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        h = self.stem(x).flatten(2).transpose(1, 2)
+        h = h + self.down(torch.nn.functional.gelu(self.up(self.norm(h))))
+        return self.head(h.mean(1))
+
+
+def build():
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():  # trained-like batch norm statistics
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net
+
+
+def calibration():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(4, 3, 32, 32, generator=g) for _ in range(4)]
+"""
+
+
+@pytest.fixture(scope="session")
+def precision_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = write_project(tmp_path_factory.mktemp("precision") / "proj", "prec", HOOK, {"models.py": MODELS})
+    proc = build_no_isolation(root, root / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"})
+    (wheel,) = (root / "dist").glob("*.whl")
+    return wheel, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def precision_site(
+    precision_wheel: tuple[Path, str], runtime: Runtime, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The wheel unpacked beside its project's models (the runtime venv has torch, not hatch-aoti)."""
+    site = tmp_path_factory.mktemp("precision-site")
+    with zipfile.ZipFile(precision_wheel[0]) as zf:
+        zf.extractall(site)
+    return site
+
+
+CHECK = """
+import json, os, sys, torch
+sys.path.insert(0, os.environ["SITE"])
+from prec import compiled, models
+eager = models.build()
+found = {"info": {k: compiled.info("net")[k] for k in ("precision", "variants", "passed_over")}, "variants": {}}
+for batch in (1, 5):
+    x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
+    with torch.no_grad():
+        expected = eager(x)
+    for precision in found["info"]["variants"]:
+        try:
+            y = compiled.load("net", precision=precision)(x.clone())
+        except RuntimeError as exc:
+            found["variants"][precision] = str(exc)
+            continue
+        rel = float((y.double() - expected.double()).norm() / expected.double().norm())
+        cos = float(torch.nn.functional.cosine_similarity(y.double().flatten(), expected.double().flatten(), dim=0))
+        found["variants"].setdefault(precision, []).append([type(y).__name__, str(y.dtype), list(y.shape), rel, cos])
+    y = compiled.load("net")(x.clone())
+    found.setdefault("default", []).append(float((y - expected).norm() / expected.norm()))
+print(json.dumps(found))
+"""
+
+
+def in_site(runtime: Runtime, site: Path, *prefix: str, env: dict[str, str] | None = None) -> Any:
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HATCH_AOTI_PRECISION")},
+        "SITE": str(site),
+        **(env or {}),
+    }
+    proc = run([*prefix, str(runtime.python), "-c", CHECK], env=env, cwd=site)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def has_native_bfloat16() -> bool:
+    return host.precision_problem("bfloat16", host.cpuid(torch)) is None
+
+
+@pytest.mark.integration
+def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
+    precision_wheel: tuple[Path, str], precision_site: Path, runtime: Runtime
+) -> None:
+    wheel, log = precision_wheel
+    assert "net@bfloat16: compiled" in log and "net@int8: compiled" in log and "[1/1] net: compiled" in log, log
+    assert "int8:" in log and "of 2 convolutions" in log, "the build says what int8 quantized"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("prec/_aoti/net@bfloat16/") for n in names)
+    assert any(n.startswith("prec/_aoti/net@int8/") for n in names)
+    found = in_site(runtime, precision_site)
+    assert found["info"]["variants"] == ["bfloat16", "int8", "float32"]
+    limits = {"bfloat16": 0.02, "int8": 0.1, "float32": 1e-4}
+    for precision, runs in found["variants"].items():
+        if isinstance(runs, str):
+            assert precision == "bfloat16" and not has_native_bfloat16(), runs
+            continue
+        for kind, dtype, shape, rel, cos in runs:
+            assert (kind, dtype, shape[1:]) == ("Tensor", "torch.float32", [10]), "the float32 model's outputs"
+            assert rel <= limits[precision] and cos > 0.99, (precision, rel, cos)
+    expected = "bfloat16" if has_native_bfloat16() else "int8"
+    assert found["info"]["precision"] == expected, found["info"]
+
+
+QEMU = shutil.which("qemu-x86_64")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(QEMU is None or sys.platform != "linux", reason="qemu-user (apt qemu-user) is not installed")
+def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_variant(
+    precision_site: Path, runtime: Runtime
+) -> None:
+    """``qemu-x86_64 -cpu Haswell``: AVX2, no AVX-512 and no bfloat16, whatever the host's /proc/cpuinfo says."""
+    assert QEMU is not None
+    found = in_site(runtime, precision_site, QEMU, "-cpu", "Haswell")
+    assert found["info"]["precision"] == "int8"
+    assert "needs a CPU with native bfloat16" in found["info"]["passed_over"]["bfloat16"]
+    assert "needs a CPU with native bfloat16" in found["variants"]["bfloat16"], "asked for, it is refused"
+    assert all(rel < 0.1 for rel in found["default"])
+    assert all(run[3] < 1e-4 for run in found["variants"]["float32"])
