@@ -173,8 +173,18 @@ def run_case(entry: Entry, model: Any, module: Any, case: Case) -> dict[str, Any
         except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             return result
-    if module is not None:
-        report = entry.get("verification") or {}
+    report = entry.get("verification") or {}
+    if module is not None and "precision" in report:  # a lower-precision variant, checked as the build did
+        from hatch_aoti.worker.precision import limits_of, variant_problems
+
+        worst = {"rel_error": 0.0, "cosine": 1.0}
+        exact = reference(module, *pristine)
+        written = ((e_args, e_kwargs), (args, kwargs))
+        found = variant_problems(case.label, expected, actual, exact, written, limits_of(report), worst)
+        result.update(worst)
+        if found:
+            result["error"] = f"the {report['precision']} variant differs from float32 eager: " + "; ".join(found)
+    elif module is not None:
         tolerances = report.get("rtol"), report.get("atol")
         # against a float64 run where eager alone cannot judge, as the build checked them
         comparison = compare(case.label, expected, actual, *tolerances, reference=lambda: reference(module, *pristine))

@@ -38,15 +38,43 @@ def run(target: Target, out: Output, package_code: bool, eager: bool) -> int:
 
 
 def verify(target: Target, name: str, damaged: list[str], package_code: bool, eager: bool) -> dict[str, Any]:
+    """The variant that loads here, and each other one this CPU runs natively (``variants``), each run
+    and, with ``eager``, checked as the build checked it."""
     if damaged:
         return {"status": "failed", "reason": "; ".join(damaged), "cases": []}
-    try:
-        model = models.compiled(target, name, package_code)
-        module = models.eager(target, name) if eager else None
-    except models.Unavailable as exc:
-        return {"status": "skipped" if exc.skipped else "failed", "reason": str(exc), "cases": []}
-    tried, reason = calls.run_cases(target.model(name), model, module)
-    return {"status": "failed" if reason else "ok", "reason": reason, "cases": tried}
+    found = machine.variants(target, name)
+    entry = target.model(name)
+    by_precision = {v.get("precision", "float32"): v for v in (entry, *entry.get("variants", []))}
+    runs = [found["loads_here"]] + [
+        v["precision"] for v in found["variants"] if v["native_here"] and v["precision"] != found["loads_here"]
+    ]
+    results: dict[str, dict[str, Any]] = {}
+    for precision in runs:
+        try:
+            model = models.compiled(target, name, package_code, precision if len(by_precision) > 1 else None)
+            module = models.eager(target, name) if eager else None
+        except models.Unavailable as exc:
+            results[str(precision)] = {
+                "status": "skipped" if exc.skipped else "failed",
+                "reason": str(exc),
+                "cases": [],
+            }
+            continue
+        tried, reason = calls.run_cases(by_precision.get(str(precision), entry), model, module)
+        results[str(precision)] = {"status": "failed" if reason else "ok", "reason": reason, "cases": tried}
+    first = next(iter(results.values()))
+    if len(results) == 1 and len(by_precision) == 1:
+        return first
+    failed = {p: r for p, r in results.items() if r["status"] == "failed"}
+    reason = "; ".join(f"{p}: {r['reason']}" for p, r in failed.items())
+    status = "failed" if failed else first["status"]
+    return {
+        "status": status,
+        "reason": reason,
+        "cases": first["cases"],
+        "precision": found["loads_here"],
+        "variants": results,
+    }
 
 
 def inputs_of(cases: list[dict[str, Any]]) -> str:

@@ -90,6 +90,11 @@ def _in_bfloat16(forward: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def limits_of(report: dict[str, Any]) -> dict[str, float]:
+    """The check a variant passed at build time, from its verification report."""
+    return {k: float(report[k]) for k in ("rel_error", "cosine")}
+
+
 def limits(model: Prepared) -> dict[str, float]:
     """The variant's check: the user's ``accuracy`` over the precision's defaults."""
     precision = precision_of(model)
@@ -114,12 +119,8 @@ def verify_variant(
             )
         wide = reference(module, *copied(sample))
         against.add("float64 reference" if wide is not None else "eager")
-        found = compare(label, expected, actual, LOOSE, LOOSE)  # structure, types, dtypes, NaN/Inf
-        problems = found.problems
-        pairs = [("output", expected, actual, wide), ("input", (e_args, e_kwargs), (c_args, c_kwargs), None)]
-        if not problems:
-            for what, eager, variant, exact in pairs:
-                problems += _errors(what, eager, variant, exact, limit, worst)
+        inputs = ((e_args, e_kwargs), (c_args, c_kwargs))
+        problems = variant_problems(label, expected, actual, wide, inputs, limit, worst)
         if problems:
             raise VerificationFailed(
                 f"the {precision} variant differs from float32 eager on {label} inputs {shapes}: "
@@ -133,6 +134,25 @@ def verify_variant(
 
 #: Tolerances that let :func:`compare` check only what must match exactly: structure, types, dtypes, NaN.
 LOOSE = 1e300
+
+
+def variant_problems(
+    label: str,
+    expected: Any,
+    actual: Any,
+    exact: Any,
+    inputs: tuple[Any, Any],
+    limit: dict[str, float],
+    worst: dict[str, float],
+) -> list[str]:
+    """How a variant's outputs (and the inputs it wrote into, ``inputs`` = eager's and the variant's) are
+    not what float32 eager's are: their structure, types and dtypes, then each floating one's relative
+    error and cosine against ``exact`` (a float64 run's outputs, or ``None``), within ``limit``."""
+    problems = compare(label, expected, actual, LOOSE, LOOSE).problems
+    if not problems:
+        problems += _errors("output", expected, actual, exact, limit, worst)
+        problems += _errors("input", *inputs, None, limit, worst)
+    return problems
 
 
 def _errors(
