@@ -285,7 +285,13 @@ class Coordinator:
             torch.export.save(miss.exported, program)
         except Exception:
             return None
-        modules = [miss.model.spec.factory.partition(":")[0], *container_modules(miss.exported)]
+        from hatch_aoti.worker.precision import lowering_modules
+
+        modules = [
+            miss.model.spec.factory.partition(":")[0],
+            *container_modules(miss.exported),
+            *lowering_modules(miss.model),
+        ]
         return Task(
             miss.label,
             miss.model.spec.backend,

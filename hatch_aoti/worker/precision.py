@@ -49,6 +49,16 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
         return torch.export.export(model.module, args, kwargs, dynamic_shapes=dynamic_shapes), None
 
 
+def lowering_modules(model: Prepared) -> list[str]:
+    """What a compile process imports before it loads the variant's program: for ``int8``, torchao's
+    quantizer module, which registers its quantize ops and the passes that fuse them into int8 kernels."""
+    if precision_of(model) != "int8":
+        return []
+    from hatch_aoti.worker.int8 import LOWERING
+
+    return [LOWERING]
+
+
 def _is_conv1d(module: Any) -> bool:
     """transformers' ``Conv1D`` (GPT-2's linear layers: an ``addmm`` with the weight stored transposed)."""
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(module.weight, torch.Tensor)
