@@ -195,7 +195,9 @@ def test_a_variant_close_to_eager_passes_and_a_further_one_fails_naming_its_prec
     with pytest.raises(VerificationFailed, match=r"the int8 variant differs from float32 eager on example inputs .*"
                        r"output\[0\]: relative error [0-9.]+ \(at most 0.02\)"):  # fmt: skip
         verify_variant(block, samples, noisy, "int8", LIMIT)
-    with pytest.raises(VerificationFailed, match=r"output\[0\]: eager torch.float32\[2, 4\], compiled torch.bfloat16\[2, 4\]"):
+    with pytest.raises(
+        VerificationFailed, match=r"output\[0\]: eager torch.float32\[2, 4\], compiled torch.bfloat16\[2, 4\]"
+    ):
         verify_variant(block, samples, lambda t: (block(t)[0].bfloat16(), block(t)[1]), "bfloat16", LIMIT)
 
 
