@@ -3,6 +3,7 @@ check, and one wheel built with ``precision = ["bfloat16", "int8", "float32"]`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -139,6 +140,19 @@ def test_the_manifest_refuses_a_variant_that_is_not_one() -> None:
     nested = {**plain, "precision": "int8", "variants": []}
     assert entry_problem({**plain, "variants": [nested]}) == "`variants[0]` has variants of its own"
     assert entry_problem({**plain, "variants": [{**plain, "precision": "int8", "file": "../x"}]}) is not None
+
+
+def test_an_int8_variant_keeps_its_weights_in_its_library() -> None:
+    from hatch_aoti.backends.interface import ProgramFacts
+    from hatch_aoti.worker.facts import resolved_weights
+
+    (spec,) = parse_settings(
+        {"models": {"a": model(precision="int8", weights="external", **{"weights-url": "https://x/{file}"})}}
+    ).models
+    facts = ProgramFacts(weights_bytes=2**30)
+    assert resolved_weights(spec, facts).weights == "embedded"
+    other = dataclasses.replace(spec, precision=("bfloat16",))
+    assert resolved_weights(other, facts).weights == "external"
 
 
 # -- the bfloat16 export and the check ----------------------------------------------------------------------

@@ -54,6 +54,8 @@ def _publish_one(settings: Settings, spec: ModelSpec, entry: Any, package: Path,
     """One variant's weights file moved to ``target``, and its entry told where it is served."""
     folder = variant_name(spec.name, entry.get("precision", "float32"))
     weights = entry.get("weights")
+    if weights is None and entry.get("precision") == "int8":
+        return  # an int8 variant's weights are in its library
     if weights is None:  # nothing to fetch: a model without parameters
         report.warning(f'aoti: {folder}: `weights = "external"`, but the model has no weights to keep out')
         return

@@ -121,7 +121,10 @@ class Coordinator:
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
         facts = self.facts[spec.name] = program_facts(exported)
+        asked = model.spec.weights
         spec = model.spec = resolved_weights(model.spec, facts)
+        if spec.precision[0] == "int8" and asked not in ("auto", "embedded"):
+            self.emit(protocol.Info(f"{spec.name}: {INT8_WEIGHTS.format(asked)}"))
         settings = backend.settings(model.user_configs, cpu, spec, facts)
         if not spec.tune:
             miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
@@ -483,6 +486,12 @@ _STAGED = itertools.count()
 FOREIGN_CONTAINERS = (
     "its inputs or outputs are containers defined in {}: the installed loader imports that module to "
     "rebuild them, so the package that provides it is a run-time dependency"
+)
+
+
+INT8_WEIGHTS = (
+    "its weights are in the library, not {} (`weights`): oneDNN packs int8 weights as the variant is "
+    "compiled, into tensors that only the library can hold"
 )
 
 

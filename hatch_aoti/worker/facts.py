@@ -28,7 +28,10 @@ def program_facts(exported: Any) -> ProgramFacts:
 
 
 def resolved_weights(spec: ModelSpec, facts: ProgramFacts) -> ModelSpec:
-    """The spec with ``weights = "auto"`` resolved by the size of the weights."""
+    """The spec with ``weights = "auto"`` resolved by the size of the weights. An ``int8`` variant keeps
+    its weights in the library: oneDNN packs them as it compiles, into tensors only the library holds."""
+    if spec.precision[0] == "int8" and spec.weights != "embedded":
+        return dataclasses.replace(spec, weights="embedded", weights_url=None)
     if spec.weights != "auto":
         return spec
     return dataclasses.replace(spec, weights=auto_weights(spec, facts.weights_bytes or 0))
