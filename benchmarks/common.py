@@ -1,5 +1,5 @@
 """What the benchmarks share: building a wheel and unpacking it, the child scripts they run, fresh
-processes timed, memory read from /proc, the CPU's name and interleaved timing.
+processes timed, memory read from /proc, the CPU's name and flags and interleaved timing.
 
 Standard library only at import, so that a child script can import it before torch without
 changing what it measures.
@@ -35,6 +35,12 @@ name = "{name}"
 version = "1.0"
 dependencies = ["torch==2.13.*"]
 """
+
+
+def header(name: str, *requires: str) -> str:
+    """:data:`HEADER` for the project ``name``, with ``requires`` added to its ``build-system.requires``."""
+    torch = '"torch==2.13.*"]'
+    return HEADER.format(name=name).replace(torch, "".join(f'"{r}", ' for r in requires) + torch, 1)
 
 
 def write_package(project: Path, package: str, models: str, **constants: object) -> Path:
@@ -247,6 +253,17 @@ def process_name(pid: int) -> str:
         if marker in line:
             return name
     return Path(argv[0]).name
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's flags, as /proc/cpuinfo gives them (``avx512_bf16``, ``amx_bf16``...); none where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def cpu_name() -> str:
