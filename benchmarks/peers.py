@@ -125,6 +125,8 @@ def build(
         tables.append(MODEL_TABLE.format(name=name) + inputs)
         if precisions:
             tables.append(f"precision = {json.dumps(precisions)}\n")
+        if precisions and "int8" in precisions and dtype == "float32" and shape[1:] == [3, 224, 224]:
+            tables.append('calibration = "peerpkg.models:images"\n')  # the convolutions' ranges
         if against:
             tables.append(AGAINST.format(name=name) + f"{inputs}inductor-configs = {against}\n")
     write_package(project, "peerpkg", "peer_models.py")

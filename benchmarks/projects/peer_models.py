@@ -114,3 +114,9 @@ def efficientnet():
 
     torch.manual_seed(0)
     return trained_like(Tensor(EfficientNetModel(EfficientNetConfig()), "pixel_values", "pooler_output"))
+
+
+def images():
+    """int8's calibration samples for the image models: 4 random batches, as the convolutions' ranges."""
+    generator = torch.Generator().manual_seed(2)
+    return [torch.rand(1, 3, 224, 224, generator=generator) for _ in range(4)]

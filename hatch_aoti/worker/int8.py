@@ -1,12 +1,12 @@
 """The int8 program of a model: its weights in int8, made with torchao's PT2E flow for x86 Inductor.
 
 Linear layers are quantized dynamically (int8 weights per output channel, activations quantized per
-call), convolutions statically (activations quantized with ranges calibrated on the model's
-``calibration`` samples; without samples they stay float32). transformers' ``Conv1D`` (GPT-2's
-layers: an ``addmm`` with a transposed weight) is a linear layer too: the program is exported from a
-structural copy of the module in which each is an ``nn.Linear`` whose weight is a transposed view of
-the ``Conv1D``'s own, so that the quantizer takes it, while the module itself (the float32 reference
-that verification runs) stays as it was and no weight is copied.
+call), 2-D convolutions (those torchao's X86InductorQuantizer takes) statically: activations quantized
+with ranges calibrated on the model's ``calibration`` samples; without samples they stay float32.
+transformers' ``Conv1D`` (GPT-2's layers: an ``addmm`` with a transposed weight) is a linear layer
+too: the program is exported from a structural copy of the module in which each is an ``nn.Linear``
+whose weight is a transposed view of the ``Conv1D``'s own, so that the quantizer takes it, while the
+module itself (the float32 reference that verification runs) stays as it was and no weight is copied.
 
 The program compiles to oneDNN's int8 kernels where Inductor freezes it (``freezing``, under
 ``torch.no_grad()``) in a process where torchao's x86 lowering passes are registered: importing its
@@ -63,7 +63,7 @@ class Quantized:
     """Whether calibration samples were given (without them, convolutions stay float32)."""
 
     def describe(self) -> str:
-        """``int8: 72 of 73 linear layers, 0 of 53 convolutions (no `calibration`)``"""
+        """``int8: 73 of 73 linear layers, 0 of 53 convolutions (no `calibration`)``"""
         linear = f"{self.linear[0]} of {self.linear[1]} linear layer{'s' if self.linear[1] != 1 else ''}"
         conv = f"{self.conv[0]} of {self.conv[1]} convolution{'s' if self.conv[1] != 1 else ''}"
         why = " (calibrated)" if self.calibrated else " (no `calibration`)" if self.conv[1] else ""
@@ -90,10 +90,11 @@ def int8_program(
             _linear_conv1d(module), tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes
         ).module()
         prepared = prepare_pt2e(graph, quantizer)
-        for sample_args, sample_kwargs in calibration or [(args, kwargs)]:  # weights' observers: one run
+        for sample_args, sample_kwargs in calibration or [(args, kwargs)]:  # the weights' observers need one
             prepared(*sample_args, **sample_kwargs)
         converted = convert_pt2e(prepared)
         _drop_unused_weights(converted)
+        _contiguous_int8_weights(converted)
         program = torch.export.export(converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes)
     linear, conv = _count(program.graph, _LINEAR), _count(program.graph, _CONV)
     return program, Quantized(linear, conv, bool(calibration))
@@ -196,6 +197,29 @@ def _drop_unused_weights(graph: torch.fx.GraphModule) -> None:
         owner = graph.get_submodule(owner_name)
         owner._parameters.pop(attr, None)
         owner._buffers.pop(attr, None)
+
+
+def _contiguous_int8_weights(graph: torch.fx.GraphModule) -> None:
+    """Lay the int8 weights out contiguously. Quantizing keeps a weight's strides, and a ``Conv1D``'s
+    weight is a transposed view: Inductor's freezing packs such an int8 weight for oneDNN as if it were
+    contiguous (torch 2.13, torchao 0.18), and the compiled model's outputs are then wrong (GPT-2:
+    cosine 0 against eager). The int8 weights are the converted module's own, a quarter of the float32
+    ones' size; the copy replaces the strided one."""
+    for node in graph.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        owner_name, _, attr = str(node.target).rpartition(".")
+        owner = graph.get_submodule(owner_name)
+        value = getattr(owner, attr)
+        if not isinstance(value, torch.Tensor) or value.dtype is not torch.int8 or value.is_contiguous():
+            continue
+        value = value.contiguous()
+        if attr in owner._parameters:
+            owner._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+        elif attr in owner._buffers:
+            owner._buffers[attr] = value
+        else:
+            setattr(owner, attr, value)
 
 
 def _count(graph: torch.fx.Graph, ops: set[Any]) -> tuple[int, int]:

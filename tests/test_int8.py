@@ -1,0 +1,228 @@
+"""The int8 program maker (hatch_aoti/worker/int8.py): what it quantizes, the module it leaves as it was,
+and a program that runs, eagerly and compiled, close to the float32 model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+
+from torch import nn
+from torch.export import Dim
+
+from hatch_aoti.worker.int8 import INSTALL, Quantized, int8_program, register_lowering
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return self.c(torch.relu(self.b(torch.nn.functional.gelu(self.a(x)))))
+
+
+class ConvNet(nn.Module):
+    """Convolutions (one with batch norm, one residual) and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.body = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        h = torch.relu(self.bn(self.stem(x)))
+        h = torch.relu(self.body(h) + h)
+        return self.head(h.mean((2, 3)))
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return MLP().eval()
+
+
+def conv_net() -> nn.Module:
+    torch.manual_seed(0)
+    model = ConvNet()
+    with torch.no_grad():  # batch norm with statistics of its own, as a trained model has
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+        model.bn.weight.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def images(batch: int, seed: int) -> Any:
+    return torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def snapshot(module: nn.Module) -> dict[str, tuple[Any, Any]]:
+    return {n: (t, t.detach().clone()) for n, t in [*module.named_parameters(), *module.named_buffers()]}
+
+
+def assert_unchanged(module: nn.Module, before: dict[str, tuple[Any, Any]]) -> None:
+    now = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    assert now.keys() == before.keys()
+    for name, (tensor, values) in before.items():
+        assert now[name] is tensor, f"{name} is another object"
+        assert torch.equal(tensor, values), f"{name} changed"
+
+
+def assert_close(out: Any, ref: Any) -> None:
+    """Relative L2 error under 5%, cosine over 0.99."""
+    out, ref = out.detach().double().flatten(), ref.detach().double().flatten()
+    assert out.shape == ref.shape
+    error = ((out - ref).norm() / ref.norm()).item()
+    cosine = torch.nn.functional.cosine_similarity(out, ref, dim=0).item()
+    assert error < 0.05 and cosine > 0.99, (error, cosine)
+
+
+def test_linear_layers_are_quantized_dynamically_for_any_batch() -> None:
+    model, x = mlp(), torch.randn(4, 32)
+    before = snapshot(model)
+    program, quantized = int8_program(model, (x,), {}, {"x": {0: Dim("batch", min=1, max=64)}}, None)
+    assert quantized == Quantized(linear=(3, 3), conv=(0, 0), calibrated=False)
+    assert quantized.describe() == "int8: 3 of 3 linear layers, 0 of 0 convolutions"
+    assert_unchanged(model, before)
+    for batch in (1, 7, 64):
+        x = torch.randn(batch, 32)
+        assert_close(program.module()(x), model(x))
+
+
+def test_the_program_holds_int8_weights_and_not_the_float32_ones() -> None:
+    model = mlp()
+    program, _ = int8_program(model, (torch.randn(4, 32),), {}, None, None)
+    weights = {**program.state_dict, **program.constants}
+    assert not any(t.dtype is torch.float32 and t.dim() == 2 for t in weights.values())
+    assert sorted(t.shape for t in weights.values() if t.dtype is torch.int8) == sorted(
+        m.weight.shape for m in (model.a, model.b, model.c)
+    )
+
+
+def test_convolutions_are_quantized_statically_on_the_calibration_samples() -> None:
+    model = conv_net()
+    before = snapshot(model)
+    calibration = [((images(8, seed),), {}) for seed in range(4)]
+    dynamic = {"x": {0: Dim("batch", min=1, max=32)}}
+    program, quantized = int8_program(model, (images(4, 9),), {}, dynamic, calibration)
+    assert quantized == Quantized(linear=(1, 1), conv=(2, 2), calibrated=True)
+    assert quantized.describe() == "int8: 1 of 1 linear layer, 2 of 2 convolutions (calibrated)"
+    assert_unchanged(model, before)  # batch norm folded into the program's weights, not the module's
+    for batch, seed in ((1, 10), (5, 11), (32, 12)):
+        x = images(batch, seed)
+        assert_close(program.module()(x), model(x))
+
+
+def test_without_calibration_convolutions_stay_float32() -> None:
+    model, x = conv_net(), images(4, 9)
+    program, quantized = int8_program(model, (x,), {}, None, None)
+    assert quantized == Quantized(linear=(1, 1), conv=(0, 2), calibrated=False)
+    assert quantized.describe() == "int8: 1 of 1 linear layer, 0 of 2 convolutions (no `calibration`)"
+    assert_close(program.module()(x), model(x))
+
+
+class Block(nn.Module):
+    """GPT-2's use of transformers' Conv1D: an attention projection and an MLP, one Conv1D used twice."""
+
+    def __init__(self, conv1d: Any) -> None:
+        super().__init__()
+        self.attn, self.fc, self.proj = conv1d(96, 32), conv1d(64, 32), conv1d(32, 64)
+        self.twice = self.proj
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x, *, scale):  # type: ignore[no-untyped-def]
+        q, k, v = self.attn(self.norm(x)).split(32, dim=-1)
+        h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v) * scale
+        m = torch.nn.functional.gelu(self.fc(h))
+        return self.proj(m) + self.twice(m * 0.5)
+
+
+def test_transformers_conv1d_layers_are_quantized_as_linear_ones() -> None:
+    transformers = pytest.importorskip("transformers.pytorch_utils")
+    model = conv1d_block()
+    before = snapshot(model)
+    children = dict(model.named_children())
+    x, scale = torch.randn(2, 12, 32), torch.tensor(0.5)
+    dynamic = {"x": {1: Dim("seq", min=2, max=128)}, "scale": None}
+    program, quantized = int8_program(model, (x,), {"scale": scale}, dynamic, None)
+    assert quantized == Quantized(linear=(4, 4), conv=(0, 0), calibrated=False)  # proj is called twice
+    int8 = [t for t in program.state_dict.values() if t.dtype is torch.int8]
+    assert len(int8) == 3 and all(t.is_contiguous() for t in int8), "Inductor packs strided int8 weights wrongly"
+    assert_unchanged(model, before)
+    assert dict(model.named_children()) == children
+    assert all(type(model.get_submodule(n)) is transformers.Conv1D for n in ("attn", "fc", "proj", "twice"))
+    for seq in (2, 12, 128):
+        x = torch.randn(2, seq, 32)
+        assert_close(program.module()(x, scale=scale), model(x, scale=scale))
+
+
+def conv1d_block() -> nn.Module:
+    transformers = pytest.importorskip("transformers.pytorch_utils")
+    torch.manual_seed(0)
+    return Block(transformers.Conv1D).eval()
+
+
+@pytest.mark.integration  # compiles (about 40 s each on 2 cores)
+@pytest.mark.heavy
+@pytest.mark.parametrize("kind", ["convolutions", "conv1d"])
+def test_the_program_compiles_to_int8_kernels_with_aoti_and_matches(kind: str, tmp_path: Path) -> None:
+    if kind == "convolutions":
+        model, calibration = conv_net(), [((images(8, seed),), {}) for seed in range(2)]
+        example, dynamic = ((images(4, 9),), {}), {"x": {0: Dim("batch", min=1, max=16)}}
+        calls = [((images(1, 10),), {}), ((images(16, 11),), {})]
+        kernels = ["_qlinear_pointwise", "_qconv_pointwise"]
+    else:  # GPT-2's layers, whose int8 weights come from transposed ones
+        model, calibration, scale = conv1d_block(), None, torch.tensor(0.5)
+        example, dynamic = (
+            ((torch.randn(2, 12, 32),), {"scale": scale}),
+            {"x": {1: Dim("seq", min=2, max=64)}, "scale": None},
+        )
+        calls = [((torch.randn(2, seq, 32),), {"scale": scale}) for seq in (2, 64)]
+        kernels = ["_qlinear_pointwise"]
+    program, _ = int8_program(model, *example, dynamic, calibration)
+    register_lowering()  # done by int8_program already: a second call changes nothing
+    with torch.no_grad():  # as the build compiles: Inductor freezes only where no gradient can be asked for
+        package = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(tmp_path / "int8.pt2"), inductor_configs={"freezing": True}
+        )
+    with zipfile.ZipFile(package) as zf:
+        code = "".join(zf.read(n).decode() for n in zf.namelist() if n.endswith("wrapper.cpp"))
+    assert all(kernel in code for kernel in kernels), "not lowered to oneDNN's int8 kernels"
+    compiled = torch._inductor.aoti_load_package(package)
+    for args, kwargs in calls:
+        expected = model(*args, **kwargs)
+        assert_close(compiled(*args, **kwargs), expected)
+        assert_close(compiled(*args, **kwargs), program.module()(*args, **kwargs))
+
+
+def test_a_saved_program_loads_where_the_lowering_is_registered(tmp_path: Path) -> None:
+    """A compile helper loads the programs the coordinator saved: without torchao's ops it cannot."""
+    model, x = mlp(), torch.randn(4, 32)
+    program, _ = int8_program(model, (x,), {}, None, None)
+    torch.export.save(program, tmp_path / "int8.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    script = """if 1:
+        import sys, torch
+        from hatch_aoti.worker.int8 import register_lowering
+        register_lowering()
+        program = torch.export.load(sys.argv[1] + "/int8.pt2")
+        torch.save(program.module()(torch.load(sys.argv[1] + "/x.pt")), sys.argv[1] + "/y.pt")
+    """
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True)
+    assert torch.equal(torch.load(tmp_path / "y.pt"), program.module()(x))
+
+
+def test_without_torchao_the_error_says_to_add_it_to_the_build_requirements(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [name for name in sys.modules if name == "torchao" or name.startswith("torchao.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    with pytest.raises(ImportError, match="add `torchao` to `build-system.requires`") as caught:
+        int8_program(mlp(), (torch.randn(2, 32),), {}, None, None)
+    assert str(caught.value) == INSTALL
