@@ -364,3 +364,20 @@ def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_varian
     assert "needs a CPU with native bfloat16" in found["variants"]["bfloat16"], "asked for, it is refused"
     assert all(rel < 0.1 for rel in found["default"])
     assert all(run[3] < 1e-4 for run in found["variants"]["float32"])
+
+
+@pytest.mark.integration
+def test_inspect_lists_the_variants_and_verify_checks_each_one_this_cpu_runs(precision_wheel: tuple[Path, str]) -> None:
+    wheel = str(precision_wheel[0])
+    shown = json.loads(run([sys.executable, "-m", "hatch_aoti", "inspect", wheel, "--json"]).stdout)
+    net = shown["models"]["net"]
+    assert [v["precision"] for v in net["variants"]] == ["bfloat16", "int8", "float32"]
+    assert net["loads_here"] == ("bfloat16" if has_native_bfloat16() else "int8")
+    assert {f["path"].split("/")[1] for f in net["files"]} == {"net@bfloat16", "net@int8", "net"}
+    assert net["variant_verification"]["int8"]["precision"] == "int8"
+    proc = run([sys.executable, "-m", "hatch_aoti", "verify", wheel, "--eager", "--import-package", "--json"])
+    result = json.loads(proc.stdout)["models"]["net"]
+    assert result["status"] == "ok", result
+    ran = {"int8", "float32"} | ({"bfloat16"} if has_native_bfloat16() else set())
+    assert set(result["variants"]) == ran
+    assert all(case["rel_error"] < 0.1 for case in result["variants"]["int8"]["cases"])
