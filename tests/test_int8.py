@@ -226,3 +226,37 @@ def test_without_torchao_the_error_says_to_add_it_to_the_build_requirements(monk
     with pytest.raises(ImportError, match="add `torchao` to `build-system.requires`") as caught:
         int8_program(mlp(), (torch.randn(2, 32),), {}, None, None)
     assert str(caught.value) == INSTALL
+
+
+class Pooled(nn.Module):
+    """BERT's shape: a pooler (a linear layer and a tanh) whose output the caller does not return."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.pooler = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        h = self.body(x)
+        torch.tanh(self.pooler(h[:, 0]))  # computed, then dropped
+        return h
+
+
+def test_a_layer_whose_output_nothing_reads_is_left_out_not_an_error() -> None:
+    torch.manual_seed(0)
+    model, x = Pooled().eval(), torch.randn(2, 4, 16)
+    program, quantized = int8_program(model, (x,), {}, None, None)
+    assert quantized.linear == (1, 1)
+    assert_close(program.module()(x), model(x))
+
+
+def test_activations_take_7_bits_where_asked() -> None:
+    """CPUs without VNNI saturate products of full-range uint8 activations and int8 weights."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 64)).eval(), torch.randn(8, 64)
+
+    def ranges(**keys: Any) -> set[Any]:
+        program = int8_program(model, (x,), {}, None, None, **keys)[0]
+        return {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)}
+
+    assert ranges(reduce_range=True) == {(0, 127)}
+    assert ranges() == {(0, 255)}

@@ -364,6 +364,9 @@ def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_varian
     assert "needs a CPU with native bfloat16" in found["variants"]["bfloat16"], "asked for, it is refused"
     assert all(rel < 0.1 for rel in found["default"])
     assert all(run[3] < 1e-4 for run in found["variants"]["float32"])
+    native = in_site(runtime, precision_site)["variants"]["int8"]
+    for here, there in zip(native, found["variants"]["int8"]):  # products that saturate without VNNI
+        assert there[3] <= 1.5 * here[3] + 1e-3, (here, there)
 
 
 @pytest.mark.integration

@@ -43,10 +43,24 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
     if precision == "int8":
         from hatch_aoti.worker.int8 import int8_program
 
-        program, quantized = int8_program(model.module, args, kwargs, dynamic_shapes, model.calibration)
-        return program, quantized.describe()
+        full = model.spec.cpu_target == "native" and has_vnni()
+        program, quantized = int8_program(
+            model.module, args, kwargs, dynamic_shapes, model.calibration, reduce_range=not full
+        )
+        return program, quantized.describe() + ("" if full else "; activations in 7 bits, for CPUs without VNNI")
     with bfloat16_layers(model.module) if precision == "bfloat16" else contextlib.nullcontext():
         return torch.export.export(model.module, args, kwargs, dynamic_shapes=dynamic_shapes), None
+
+
+#: CPU features whose int8 products oneDNN computes without saturating. On the others (AVX2 and
+#: AVX-512 CPUs without VNNI) a product of full-range uint8 activations saturates: a portable int8
+#: variant quantizes its activations to 7 bits, and one built for this CPU only where it has VNNI.
+VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def has_vnni() -> bool:
+    found = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return any(found.get(feature) is True for feature in VNNI)
 
 
 def lowering_modules(model: Prepared) -> list[str]:
