@@ -233,11 +233,11 @@ class Pooled(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.body, self.pooler = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.body, self.pooler, self.activation = nn.Linear(16, 16), nn.Linear(16, 16), nn.Tanh()
 
     def forward(self, x):  # type: ignore[no-untyped-def]
         h = self.body(x)
-        torch.tanh(self.pooler(h[:, 0]))  # computed, then dropped
+        self.activation(self.pooler(h[:, 0]))  # computed, then dropped
         return h
 
 
