@@ -18,7 +18,7 @@ READERS = {
     "CLI": ["hatch_aoti/**/*.py"],
     "loader": ["hatch_aoti/loader/*.py"],
     "tests": ["tests/**/*.py"],
-    "scripts": ["scripts/*.sh", ".ci/run"],
+    "scripts": ["scripts/*.sh", "scripts/*.py", ".ci/run"],
 }
 DOCS = ["docs/*.md", "README.md", "CONTRIBUTING.md"]
 BENCHMARKS = ["benchmarks/**/*.py", "benchmarks/*.sh"]
