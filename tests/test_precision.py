@@ -224,6 +224,11 @@ inputs = [{{ shape = ["batch", 3, 32, 32], dtype = "float32" }}]
 dynamic = {{ batch = {{ min = 1, max = 16 }} }}
 precision = ["bfloat16", "int8", "float32"]
 calibration = "prec.models:calibration"
+
+[{TABLE}.models.scaled]
+factory = "prec.models:scaled"
+inputs = [{{ shape = [4, 64], dtype = "float32" }}]
+precision = "bfloat16"
 """
 
 MODELS = """
@@ -260,6 +265,21 @@ def build():
     return net
 
 
+class Scaled(torch.nn.Module):
+    # called by keyword and with a default left out: the loader binds calls to forward's signature
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x, scale: float = 2.0):
+        return self.fc(x) * scale
+
+
+def scaled():
+    torch.manual_seed(0)
+    return Scaled().eval()
+
+
 def calibration():
     g = torch.Generator().manual_seed(1)
     return [torch.randn(4, 3, 32, 32, generator=g) for _ in range(4)]
@@ -269,7 +289,8 @@ def calibration():
 @pytest.fixture(scope="session")
 def precision_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = write_project(tmp_path_factory.mktemp("precision") / "proj", "prec", HOOK, {"models.py": MODELS})
-    proc = build_no_isolation(root, root / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"})
+    env = {**os.environ, "HATCH_AOTI_JOBS": "2", "HATCH_AOTI_PRECISION": "int8"}  # the build's loads ignore it
+    proc = build_no_isolation(root, root / "dist", env=env)
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel, proc.stderr
 
@@ -306,6 +327,14 @@ for batch in (1, 5):
         found["variants"].setdefault(precision, []).append([type(y).__name__, str(y.dtype), list(y.shape), rel, cos])
     y = compiled.load("net")(x.clone())
     found.setdefault("default", []).append(float((y - expected).norm() / expected.norm()))
+small = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
+scaled = compiled.info("scaled")
+found["scaled"] = {"precision": scaled["precision"], "passed_over": scaled["passed_over"]}
+if scaled["precision"] is not None:
+    with torch.no_grad():
+        expected = models.scaled()(small)
+    y = compiled.load("scaled")(x=small)
+    found["scaled"]["rel"] = float((y - expected).norm() / expected.norm())
 print(json.dumps(found))
 """
 
@@ -329,7 +358,7 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
     precision_wheel: tuple[Path, str], precision_site: Path, runtime: Runtime
 ) -> None:
     wheel, log = precision_wheel
-    assert "net@bfloat16: compiled" in log and "net@int8: compiled" in log and "[1/1] net: compiled" in log, log
+    assert "net@bfloat16: compiled" in log and "net@int8: compiled" in log and "[1/2] net: compiled" in log, log
     assert "int8:" in log and "of 2 convolutions" in log, "the build says what int8 quantized"
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("prec/_aoti/net@bfloat16/") for n in names)
@@ -346,6 +375,8 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
             assert rel <= limits[precision] and cos > 0.99, (precision, rel, cos)
     expected = "bfloat16" if has_native_bfloat16() else "int8"
     assert found["info"]["precision"] == expected, found["info"]
+    if has_native_bfloat16():  # a model built in bfloat16 alone, called by keyword with a default left out
+        assert found["scaled"]["precision"] == "bfloat16" and found["scaled"]["rel"] < 0.02, found["scaled"]
 
 
 QEMU = shutil.which("qemu-x86_64")
@@ -364,6 +395,8 @@ def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_varian
     assert "needs a CPU with native bfloat16" in found["variants"]["bfloat16"], "asked for, it is refused"
     assert all(rel < 0.1 for rel in found["default"])
     assert all(run[3] < 1e-4 for run in found["variants"]["float32"])
+    assert found["scaled"]["precision"] is None, "its only variant does not run here: info() says why"
+    assert "needs a CPU with native bfloat16" in found["scaled"]["passed_over"]["bfloat16"]
     native = in_site(runtime, precision_site)["variants"]["int8"]
     for here, there in zip(native, found["variants"]["int8"]):  # products that saturate without VNNI
         assert there[3] <= 1.5 * here[3] + 1e-3, (here, there)

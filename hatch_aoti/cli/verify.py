@@ -43,6 +43,9 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
     if damaged:
         return {"status": "failed", "reason": "; ".join(damaged), "cases": []}
     found = machine.variants(target, name)
+    if found["loads_here"] is None:  # as for a CPU without the model's target features
+        reasons = "; ".join(f"{p}: {why}" for p, why in found["passed_over"].items())
+        return {"status": "skipped", "reason": f"no variant runs here ({reasons})", "cases": []}
     entry = target.model(name)
     by_precision = {v.get("precision", "float32"): v for v in (entry, *entry.get("variants", []))}
     runs = [found["loads_here"]] + [

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -59,14 +58,18 @@ def _entry(name: str) -> Entry:
         raise KeyError(f"no compiled model {name!r} in {__name__}; known models: {known}") from None
 
 
-def _variant(name: str, precision: str | None, torch: Any = None) -> tuple[Entry, dict[str, str]]:
+def _variant(name: str, precision: str | None, *, refuse: bool = True) -> tuple[Entry | None, dict[str, str]]:
     """The variant of ``name`` that loads here (``precision``, else ``HATCH_AOTI_PRECISION``, else the first
-    this CPU runs natively), and why each one before it was passed over."""
+    this CPU runs natively, as the CPU itself tells torch), and why each one before it was passed over;
+    ``None`` where none runs here and ``refuse`` is false."""
+    import torch
+
     from .host import ENVIRONMENT, choose
 
+    entry = _entry(name)
     wanted = precision or os.environ.get(ENVIRONMENT) or None
-    try:  # the CPU's own answer through torch where it is imported already
-        return choose(name, _entry(name), wanted, torch or sys.modules.get("torch"))
+    try:
+        return choose(name, entry, wanted, torch, refuse=refuse)
     except (LookupError, ValueError, RuntimeError) as exc:
         if precision is None and wanted is not None:  # say where the choice came from
             raise type(exc)(f"{exc} ({ENVIRONMENT}={wanted})") from None
@@ -76,12 +79,14 @@ def _variant(name: str, precision: str | None, torch: Any = None) -> tuple[Entry
 def info(name: str, precision: str | None = None) -> dict[str, Any]:
     """Build metadata of the variant of one model that loads here (a fresh dict; changing it changes nothing):
     ``precision`` names it, ``passed_over`` says why each variant listed before it does not load here."""
-    chosen, passed = _variant(name, precision)
+    found, passed = _variant(name, precision, refuse=False)
+    chosen = found or _entry(name)  # none runs here: the first, with why not in `passed_over`
     entry: dict[str, Any] = json.loads(json.dumps({k: v for k, v in chosen.items() if k != "variants"}))
-    entry["precision"] = chosen.get("precision", "float32")
+    entry["precision"] = chosen.get("precision", "float32") if found is not None else None
     entry["variants"] = [v.get("precision", "float32") for v in (_entry(name), *_entry(name).get("variants", []))]
     entry["passed_over"] = passed
-    entry["file"] = os.path.join(_ARTIFACTS, variant_name(name, entry["precision"]), entry["file"])
+    folder = variant_name(name, chosen.get("precision", "float32"))
+    entry["file"] = os.path.join(_ARTIFACTS, folder, entry["file"])
     entry["torch"] = _manifest()["torch"]
     entry["hatch_aoti"] = _manifest()["hatch_aoti"]
     if "external" in entry.get("weights", {}):
@@ -94,7 +99,9 @@ def info(name: str, precision: str | None = None) -> dict[str, Any]:
 def load(name: str, precision: str | None = None) -> Callable[..., Any]:
     """The compiled model ``name``, loaded on first use and shared afterwards: the first of its variants
     this CPU runs natively, or the one ``precision`` (or ``HATCH_AOTI_PRECISION``) names."""
-    key = (name, precision or os.environ.get("HATCH_AOTI_PRECISION") or None)  # None: chosen for this CPU
+    from .host import ENVIRONMENT
+
+    key = (name, precision or os.environ.get(ENVIRONMENT) or None)  # None: chosen for this CPU
     model = _LOADED.get(key)
     if model is not None:
         return model
@@ -102,12 +109,11 @@ def load(name: str, precision: str | None = None) -> Callable[..., Any]:
     with _LOCK:
         model = _LOADED.get(key)
         if model is None:
-            import torch
-
             from .calls import aoti_call, checked_call
             from .engine import Model
 
-            entry, _ = _variant(name, precision, torch)
+            entry, _ = _variant(name, precision)
+            assert entry is not None
             same = (name, entry.get("precision", "float32"))  # one copy, however the variant was asked for
             model = _LOADED.get(same)
             if model is None:
@@ -127,6 +133,7 @@ def save_pt2(name: str, path: str, precision: str | None = None) -> str:
     from .pt2 import write
 
     entry, _ = _variant(name, precision)
+    assert entry is not None
     part = f"{path}.{os.getpid()}.part"
     try:
         with open(part, "wb") as f:
@@ -144,8 +151,17 @@ def fetch(*models: str) -> dict[str, str]:
     from .external import fetched
 
     found = {}
-    for name in models or names():
-        weights = _variant(name, None)[0].get("weights", {})
-        if "external" in weights:
-            found[name] = fetched(name, weights)
+    for name in models or [n for n in names() if any(_external(v) for v in _variants(n))]:
+        entry, _ = _variant(name, None)
+        assert entry is not None
+        if _external(entry):
+            found[name] = fetched(name, entry["weights"])
     return found
+
+
+def _variants(name: str) -> list[Entry]:
+    return [_entry(name), *_entry(name).get("variants", [])]
+
+
+def _external(entry: Entry) -> bool:
+    return "external" in entry.get("weights", {})

@@ -58,8 +58,11 @@ def precision_problem(
     return f"needs a CPU with native {precision} arithmetic ({' or '.join(needs)}); this CPU has neither"
 
 
-def choose(name: str, entry: Entry, wanted: str | None = None, torch: Any = None) -> tuple[Entry, dict[str, str]]:
-    """The variant of a model that loads here, and why each one listed before it was passed over.
+def choose(
+    name: str, entry: Entry, wanted: str | None = None, torch: Any = None, *, refuse: bool = True
+) -> tuple[Entry | None, dict[str, str]]:
+    """The variant of a model that loads here, and why each one listed before it was passed over; where
+    none runs here, an error, or ``None`` with every reason where ``refuse`` is false.
 
     ``wanted`` (``load(precision=...)`` or ``HATCH_AOTI_PRECISION``) picks one; a precision this CPU does
     not run natively is then an error rather than a slow model."""
@@ -85,6 +88,8 @@ def choose(name: str, entry: Entry, wanted: str | None = None, torch: Any = None
     only = precision_of(entry)
     if len(found) == 1 and precision_problem(only, caps) is None:
         return entry, {}  # its own problem is told when it loads
+    if not refuse:
+        return None, passed
     reasons = "; ".join(f"{p}: {why}" for p, why in passed.items())
     raise RuntimeError(f"compiled model {name!r} has no variant that runs here ({reasons})")
 

@@ -110,13 +110,16 @@ def _precision_problems(name: str, model: ModelTable, parsed: Table, table: str,
     """Lower precisions are for CPU `aoti` models; `calibration` and `accuracy` name precisions it builds."""
     path = model_path(table, name)
     listed = _as_tuple(model.precision or parsed.precision)
-    where = f"{path}.precision" if model.precision else f"{table}.precision"
+    where = f"{path}.precision" if model.precision else path  # the table's: said of this model
+    given = "" if model.precision else '; the table\'s `precision` lists them: give this model `precision = "float32"`'
     lower = [p for p in listed if p != "float32"]
     backend = model.backend or parsed.backend
     if lower and backend != "aoti":
-        problems.add(where, f"{', '.join(lower)} variants are for `aoti` models; this one's backend is {backend!r}")
+        problems.add(
+            where, f"{', '.join(lower)} variants are for `aoti` models; this one's backend is {backend!r}{given}"
+        )
     elif lower and model.device != "cpu":
-        problems.add(where, f"{', '.join(lower)} variants are for CPU models for now, not {model.device}")
+        problems.add(where, f"{', '.join(lower)} variants are for CPU models for now, not {model.device}{given}")
     if model.calibration is not None and "int8" not in listed:
         problems.add(f"{path}.calibration", "applies only where `precision` lists `int8`")
     for precision in model.accuracy:
@@ -127,7 +130,7 @@ def _precision_problems(name: str, model: ModelTable, parsed: Table, table: str,
             )
     if "int8" in listed and importlib.util.find_spec("torchao") is None:
         problems.add(
-            where,
+            f"{path}.precision" if model.precision else f"{table}.precision",
             "`int8` needs torchao at build time (its PT2E quantizer); add `torchao` to `build-system.requires`",
         )
 

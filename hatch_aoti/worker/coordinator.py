@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shutil
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hatch_aoti.backends.interface import ProgramFacts
+from hatch_aoti.loader.host import ENVIRONMENT
 from hatch_aoti.pipeline import protocol
 from hatch_aoti.pipeline.children import Parent
 from hatch_aoti.pipeline.protocol import HelperJob, Job, Task
@@ -78,6 +80,8 @@ class Coordinator:
             return
         from hatch_aoti.worker.precision import variants
 
+        os.environ.pop(ENVIRONMENT, None)  # the build's own loads take each variant by its folder
+        self.signatures.update({model.spec.name: model.signature for model in prepared})
         prepared = [variant for model in prepared for variant in variants(model)]  # each built as a model
         misses = [m for model in prepared for m in self.export_and_look_up(model)]
         hand_back_freed()  # what export traced
