@@ -417,3 +417,33 @@ def test_inspect_lists_the_variants_and_verify_checks_each_one_this_cpu_runs(pre
     ran = {"int8", "float32"} | ({"bfloat16"} if has_native_bfloat16() else set())
     assert set(result["variants"]) == ran
     assert all(case["rel_error"] < 0.1 for case in result["variants"]["int8"]["cases"])
+
+
+def test_the_cache_takes_a_variants_record_with_its_own_errors() -> None:
+    """A variant's errors are its relative error and cosine: a record of them is a hit, not a damaged entry."""
+    from hatch_aoti.store.cache import record_problem
+
+    files = {"m.so": "0" * 64}
+    report = {"passed": True, "precision": "bfloat16", "rel_error": 0.02, "cosine": 0.999, "tried": []}
+    entry = {"call": [], "cpu": HERE, "device": "cpu", "file": "m.so", "files": files, "backend": "aoti"}
+    record = {"entry": {**entry, "verification": report}, "files": files}
+    assert record_problem({**record, "errors": {"rel_error": 0.005, "cosine": 0.99999}}, "aoti") is None
+    assert record_problem({**record, "errors": {"rel_error": "0.005"}}, "aoti") == "has unusable errors"
+    plain = {**record, "entry": {**entry, "verification": {"passed": True, "tried": []}}}
+    assert record_problem({**plain, "errors": {"max_abs_err": 1e-6, "max_rel_err": 1e-5}}, "aoti") is None
+
+
+@pytest.mark.integration
+def test_a_rebuild_with_another_list_of_precisions_takes_its_variants_from_the_cache(
+    precision_wheel: tuple[Path, str], tmp_path: Path
+) -> None:
+    project = shutil.copytree(
+        precision_wheel[0].parent.parent, tmp_path / "proj", ignore=shutil.ignore_patterns("dist")
+    )
+    pyproject = project / "pyproject.toml"
+    listed = 'precision = ["bfloat16", "int8", "float32"]'
+    pyproject.write_text(pyproject.read_text(encoding="utf-8").replace(listed, 'precision = ["int8", "float32"]'))
+    log = build_no_isolation(project, project / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"}).stderr
+    assert "(3 variants: 3 from the cache)" in log, log
+    (wheel,) = (project / "dist").glob("*.whl")
+    assert not any("net@bfloat16" in n for n in zipfile.ZipFile(wheel).namelist())

@@ -137,7 +137,10 @@ def record_problem(record: dict[str, Any], backend: str) -> str | None:
         return "has no verification report"
     if not isinstance(report.get("tried", []), list):
         return "has an unusable verification report"
-    if errors is not None and not (isinstance(errors, dict) and isinstance(errors.get("max_abs_err"), (int, float))):
+    measured = ("rel_error", "cosine") if "precision" in report else ("max_abs_err",)  # a variant's, or float32's
+    if errors is not None and not (
+        isinstance(errors, dict) and all(type(errors.get(k)) in (int, float) for k in measured)
+    ):
         return "has unusable errors"
     return None
 
