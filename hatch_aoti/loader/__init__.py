@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .schema import ARTIFACT_DIR, Entry, Manifest, variant_name
+from .schema import ARTIFACT_DIR, PRECISION_VARIABLE, Entry, Manifest, variant_name
 from .schema import read as read_manifest
 
 __all__ = ["fetch", "info", "load", "names", "save_pt2"]
@@ -99,9 +99,7 @@ def info(name: str, precision: str | None = None) -> dict[str, Any]:
 def load(name: str, precision: str | None = None) -> Callable[..., Any]:
     """The compiled model ``name``, loaded on first use and shared afterwards: the first of its variants
     this CPU runs natively, or the one ``precision`` (or ``HATCH_AOTI_PRECISION``) names."""
-    from .host import ENVIRONMENT
-
-    key = (name, precision or os.environ.get(ENVIRONMENT) or None)  # None: chosen for this CPU
+    key = (name, precision or os.environ.get(PRECISION_VARIABLE) or None)  # None: chosen for this CPU
     model = _LOADED.get(key)
     if model is not None:
         return model

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from .packing import pack_ops
-from .schema import PRECISIONS, Cpu, Entry
+from .schema import PRECISION_VARIABLE, PRECISIONS, Cpu, Entry
 
 
 def problems(entry: Entry, torch: Any = None) -> list[str]:
@@ -35,7 +35,7 @@ def problems(entry: Entry, torch: Any = None) -> list[str]:
 #: What a precision needs of the CPU to run natively: any one of these features (CPUID's names, which
 #: /proc/cpuinfo shares). Without one, bfloat16 arithmetic is emulated in float32, slower than float32.
 NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16")}
-ENVIRONMENT = "HATCH_AOTI_PRECISION"
+ENVIRONMENT = PRECISION_VARIABLE
 
 
 def precision_of(entry: Entry) -> str:

@@ -17,6 +17,8 @@ FORMAT = 2
 """The manifest format this loader reads; a build writes this one."""
 PRECISIONS = ("float32", "bfloat16", "int8")
 """The precisions a model's variants are built in: ``float32`` is the model as its factory returns it."""
+PRECISION_VARIABLE = "HATCH_AOTI_PRECISION"
+"""Names the variant ``load()`` takes of every model, where it is set."""
 
 
 def variant_name(model: str, precision: str) -> str:
