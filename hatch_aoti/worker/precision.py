@@ -21,7 +21,7 @@ from hatch_aoti.worker.verify import VerificationFailed, compare, copied, refere
 
 #: Layers whose arithmetic a bfloat16 variant does in bfloat16. The rest (norms, softmax, residual
 #: additions, embeddings) stays in float32, which keeps a variant's error near OpenVINO's mixed
-#: precision rather than a whole-model cast's (docs/performance.md#precision).
+#: precision rather than a whole-model cast's (docs/performance.md#precision-variants).
 BFLOAT16_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
