@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hatch_aoti.loader.schema import Dim, Entry, Leaf
+from hatch_aoti.loader.schema import Dim, Entry, Leaf, precision_of
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def run_case(entry: Entry, model: Any, module: Any, case: Case) -> dict[str, Any
             result["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             return result
     report = entry.get("verification") or {}
-    precision = entry.get("precision", "float32")
+    precision = precision_of(entry)
     if module is not None and precision != "float32":  # a lower-precision variant, checked as the build did
         from hatch_aoti.settings.constants import ACCURACY
         from hatch_aoti.worker.precision import limits_of, variant_problems

@@ -9,7 +9,7 @@ from hatch_aoti.cli import calls, machine
 from hatch_aoti.cli.integrity import shipped
 from hatch_aoti.cli.output import Output, human_size
 from hatch_aoti.cli.target import Target
-from hatch_aoti.loader.schema import Entry
+from hatch_aoti.loader.schema import Entry, precision_of, variants_of
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 
 
@@ -71,9 +71,7 @@ def model(target: Target, name: str, entry: Entry) -> dict[str, Any]:
         "packed_at_load": machine.packed_at_load(target, name),
         "inductor_configs": configs,
         "verification": entry.get("verification"),
-        "variant_verification": {
-            v.get("precision", "float32"): v.get("verification") for v in (entry, *entry.get("variants", []))
-        },
+        "variant_verification": {precision_of(v): v.get("verification") for v in variants_of(entry)},
         "needs": entry.get("needs", {}),
         "tuning": entry.get("tuning"),
         "files": [

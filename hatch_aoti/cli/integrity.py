@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hatch_aoti.cli.target import Target
-from hatch_aoti.loader.schema import Entry, variant_name
+from hatch_aoti.loader.schema import Entry, folder_of, variants_of
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR, sha256
 
 
@@ -23,8 +23,8 @@ def recorded_files(entry: Entry) -> dict[str, str]:
 
 def shipped(name: str, entry: Entry) -> Iterator[tuple[str, str, str]]:
     """Each file of each of a model's variants: (its path under ``_aoti``, its path in the variant, its sha256)."""
-    for variant in (entry, *entry.get("variants", [])):
-        folder = variant_name(name, variant.get("precision", "float32"))
+    for variant in variants_of(entry):
+        folder = folder_of(name, variant)
         for rel, digest in recorded_files(variant).items():
             yield f"{folder}/{rel}", rel, digest
 

@@ -59,15 +59,15 @@ def variants(target: Target, name: str) -> dict[str, Any]:
     """The model's variants, in the order the build was given: whether this CPU runs each natively, and
     which one the loader would load here (``HATCH_AOTI_PRECISION`` aside), as the loader decides it."""
     from hatch_aoti.loader import host
+    from hatch_aoti.loader.schema import precision_of, variants_of
 
     entry = target.model(name)
-    found = [entry, *entry.get("variants", [])]
+    found = variants_of(entry)
     listed = [
-        {"precision": host.precision_of(v), "native_here": host.precision_problem(host.precision_of(v)) is None}
-        for v in found
+        {"precision": precision_of(v), "native_here": host.precision_problem(precision_of(v)) is None} for v in found
     ]
     chosen, passed = host.choose(name, entry, refuse=False)  # /proc/cpuinfo's answer: torch is not imported
-    loads = host.precision_of(chosen) if chosen is not None else None
+    loads = precision_of(chosen) if chosen is not None else None
     return {"variants": listed, "loads_here": loads, "passed_over": passed}
 
 

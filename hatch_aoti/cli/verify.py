@@ -11,6 +11,7 @@ from typing import Any
 from hatch_aoti.cli import calls, integrity, machine, models
 from hatch_aoti.cli.output import Output
 from hatch_aoti.cli.target import Target
+from hatch_aoti.loader.schema import precision_of, variants_of
 
 
 def run(target: Target, out: Output, package_code: bool, eager: bool) -> int:
@@ -47,7 +48,7 @@ def verify(target: Target, name: str, damaged: list[str], package_code: bool, ea
         reasons = "; ".join(f"{p}: {why}" for p, why in found["passed_over"].items())
         return {"status": "skipped", "reason": f"no variant runs here ({reasons})", "cases": []}
     entry = target.model(name)
-    by_precision = {v.get("precision", "float32"): v for v in (entry, *entry.get("variants", []))}
+    by_precision = {precision_of(v): v for v in variants_of(entry)}
     runs = [found["loads_here"]] + [
         v["precision"] for v in found["variants"] if v["native_here"] and v["precision"] != found["loads_here"]
     ]

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .schema import ARTIFACT_DIR, PRECISION_VARIABLE, Entry, Manifest, variant_name
+from .schema import ARTIFACT_DIR, PRECISION_VARIABLE, Entry, Manifest, folder_of, precision_of, variants_of
 from .schema import read as read_manifest
 
 __all__ = ["fetch", "info", "load", "names", "save_pt2"]
@@ -82,11 +82,10 @@ def info(name: str, precision: str | None = None) -> dict[str, Any]:
     found, passed = _variant(name, precision, refuse=False)
     chosen = found or _entry(name)  # none runs here: the first, with why not in `passed_over`
     entry: dict[str, Any] = json.loads(json.dumps({k: v for k, v in chosen.items() if k != "variants"}))
-    entry["precision"] = chosen.get("precision", "float32") if found is not None else None
-    entry["variants"] = [v.get("precision", "float32") for v in (_entry(name), *_entry(name).get("variants", []))]
+    entry["precision"] = precision_of(chosen) if found is not None else None
+    entry["variants"] = [precision_of(v) for v in variants_of(_entry(name))]
     entry["passed_over"] = passed
-    folder = variant_name(name, chosen.get("precision", "float32"))
-    entry["file"] = os.path.join(_ARTIFACTS, folder, entry["file"])
+    entry["file"] = os.path.join(_ARTIFACTS, folder_of(name, chosen), entry["file"])
     entry["torch"] = _manifest()["torch"]
     entry["hatch_aoti"] = _manifest()["hatch_aoti"]
     if "external" in entry.get("weights", {}):
@@ -112,7 +111,7 @@ def load(name: str, precision: str | None = None) -> Callable[..., Any]:
 
             entry, _ = _variant(name, precision)
             assert entry is not None
-            same = (name, entry.get("precision", "float32"))  # one copy, however the variant was asked for
+            same = (name, precision_of(entry))  # one copy, however the variant was asked for
             model = _LOADED.get(same)
             if model is None:
                 built = Model(name, entry, _ARTIFACTS, _manifest()["torch"])
@@ -135,7 +134,7 @@ def save_pt2(name: str, path: str, precision: str | None = None) -> str:
     part = f"{path}.{os.getpid()}.part"
     try:
         with open(part, "wb") as f:
-            write(name, entry, os.path.join(_ARTIFACTS, variant_name(name, entry.get("precision", "float32"))), f)
+            write(name, entry, os.path.join(_ARTIFACTS, folder_of(name, entry)), f)
         os.replace(part, path)
     finally:
         if os.path.exists(part):
@@ -149,16 +148,12 @@ def fetch(*models: str) -> dict[str, str]:
     from .external import fetched
 
     found = {}
-    for name in models or [n for n in names() if any(_external(v) for v in _variants(n))]:
+    for name in models or [n for n in names() if any(_external(v) for v in variants_of(_entry(n)))]:
         entry, _ = _variant(name, None)
         assert entry is not None
         if _external(entry):
             found[name] = fetched(name, entry["weights"])
     return found
-
-
-def _variants(name: str) -> list[Entry]:
-    return [_entry(name), *_entry(name).get("variants", [])]
 
 
 def _external(entry: Entry) -> bool:

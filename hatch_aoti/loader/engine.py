@@ -11,7 +11,7 @@ from .host import check_symbols, damaged, problems
 from .inputs import describe, exported_layout, fits, tensor_check, unsafe_writes
 from .packing import chosen, packed
 from .runtime import opened
-from .schema import Entry, Output, Parameter, variant_name
+from .schema import Entry, Output, Parameter, folder_of, precision_of
 from .specs import children, treespec
 from .weights import mapped
 
@@ -33,9 +33,8 @@ class Model:
         import torch
         from torch.utils import _pytree as pytree
 
-        self.precision = entry.get("precision", "float32")
-        folder = variant_name(name, self.precision)
-        self.name, self.directory, self.built_with = name, os.path.join(artifacts, folder), built_with
+        self.precision = precision_of(entry)
+        self.name, self.directory, self.built_with = name, os.path.join(artifacts, folder_of(name, entry)), built_with
         self.device = entry["device"]
         problem = next(iter(problems(entry, torch)), None) or damaged(entry, self.directory)
         if problem:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from .packing import pack_ops
-from .schema import PRECISION_VARIABLE, PRECISIONS, Cpu, Entry
+from .schema import PRECISION_VARIABLE, PRECISIONS, Cpu, Entry, precision_of, variants_of
 
 
 def problems(entry: Entry, torch: Any = None) -> list[str]:
@@ -38,10 +38,6 @@ NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16")}
 ENVIRONMENT = PRECISION_VARIABLE
 
 
-def precision_of(entry: Entry) -> str:
-    return entry.get("precision", "float32")
-
-
 def precision_problem(
     precision: str, cpuid: dict[str, bool] | None = None, flags: frozenset[str] | None = None
 ) -> str | None:
@@ -66,7 +62,7 @@ def choose(
 
     ``wanted`` (``load(precision=...)`` or ``HATCH_AOTI_PRECISION``) picks one; a precision this CPU does
     not run natively is then an error rather than a slow model."""
-    found = [entry, *entry.get("variants", [])]
+    found = variants_of(entry)
     listed = ", ".join(precision_of(v) for v in found)
     caps = cpuid(torch) if torch is not None else None
     if wanted is not None:

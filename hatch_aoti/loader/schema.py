@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 ARTIFACT_DIR = "_aoti"
@@ -24,6 +25,22 @@ PRECISION_VARIABLE = "HATCH_AOTI_PRECISION"
 def variant_name(model: str, precision: str) -> str:
     """The folder (under ``_aoti``) of one variant of a model: the model's own name for ``float32``."""
     return model if precision == "float32" else f"{model}@{precision}"
+
+
+def precision_of(entry: Mapping[str, Any]) -> str:
+    """An entry's precision: ``float32`` where it names none (a manifest's checks see what else it names)."""
+    precision: str = entry.get("precision", "float32")
+    return precision
+
+
+def variants_of(entry: Entry) -> list[Entry]:
+    """A model's variants, in the order of preference the build was given: the entry, then the others."""
+    return [entry, *entry.get("variants", [])]
+
+
+def folder_of(model: str, entry: Entry) -> str:
+    """The folder of one variant's files, by its entry."""
+    return variant_name(model, precision_of(entry))
 
 
 class Dim(TypedDict, total=False):

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.loader.schema import variant_name
+from hatch_aoti.loader.schema import folder_of, variants_of
 from hatch_aoti.pipeline import manifest
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 from hatch_aoti.settings.spec import ModelSpec, Settings
@@ -39,7 +39,7 @@ def publish(settings: Settings, root: Path, output: Path | None, package: Path, 
         target = weights_dir(settings, root, output)
         for spec in external:
             model = data["models"][spec.name]
-            for entry in (model, *model.get("variants", [])):  # each variant has a weights file of its own
+            for entry in variants_of(model):  # each variant has a weights file of its own
                 _publish_one(settings, spec, entry, package, target, report)
         manifest.write(package, data)
     total = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
@@ -52,7 +52,7 @@ def publish(settings: Settings, root: Path, output: Path | None, package: Path, 
 
 def _publish_one(settings: Settings, spec: ModelSpec, entry: Any, package: Path, target: Path, report: Any) -> None:
     """One variant's weights file moved to ``target``, and its entry told where it is served."""
-    folder = variant_name(spec.name, entry.get("precision", "float32"))
+    folder = folder_of(spec.name, entry)
     weights = entry.get("weights")
     if weights is None and entry.get("precision") == "int8":
         return  # an int8 variant's weights are in its library

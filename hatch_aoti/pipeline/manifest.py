@@ -10,7 +10,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hatch_aoti.loader.schema import ARTIFACT_DIR, FORMAT, MANIFEST, PRECISIONS, Manifest
+from hatch_aoti.loader.schema import ARTIFACT_DIR, FORMAT, MANIFEST, PRECISIONS, Manifest, precision_of
 
 #: What every model entry has, and the type of each (manifest format 2).
 ENTRY_KEYS = {"call": list, "cpu": dict, "device": str, "file": str}
@@ -86,23 +86,23 @@ def entry_problem(entry: Any) -> str | None:
     variants = entry["variants"]
     if not isinstance(variants, list):
         return "`variants` is not a list"
-    seen = [entry.get("precision", "float32")]
+    seen = [precision_of(entry)]
     for index, variant in enumerate(variants):
         reason = _one_entry_problem(variant)
         if reason is None and "variants" in variant:
             reason = "has variants of its own"
-        if reason is None and variant.get("precision", "float32") in seen:
-            reason = f"is a second {variant.get('precision', 'float32')} variant"
+        if reason is None and precision_of(variant) in seen:
+            reason = f"is a second {precision_of(variant)} variant"
         if reason is not None:
             return f"`variants[{index}]` {reason}"
-        seen.append(variant.get("precision", "float32"))
+        seen.append(precision_of(variant))
     return None
 
 
 def _one_entry_problem(entry: Any) -> str | None:
     if not isinstance(entry, dict):
         return "not a table"
-    if entry.get("precision", "float32") not in PRECISIONS:
+    if precision_of(entry) not in PRECISIONS:
         return f"`precision` is {entry.get('precision')!r}, not one of {', '.join(PRECISIONS)}"
     for table, keys, label in ((entry, ENTRY_KEYS, ""), (entry.get("cpu"), CPU_KEYS, "cpu.")):
         for key, kind in keys.items():

@@ -59,7 +59,9 @@ VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 def has_vnni() -> bool:
-    found = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    from hatch_aoti.loader.host import cpuid
+
+    found = cpuid(torch)
     return any(found.get(feature) is True for feature in VNNI)
 
 
