@@ -81,7 +81,7 @@ def bench_model(
             }
         )
         step(f"{name} {case.label}")
-    loads = machine.variants(target, name)["loads_here"]
+    loads = machine.loaded(target, name)
     result: dict[str, Any] = {"per_call": rows, "eager": why_no_eager or "measured", "precision": loads}
     if cold:
         result["cold_start"] = cold_start(target, name, spec, package_code, cold)

@@ -63,12 +63,20 @@ def variants(target: Target, name: str) -> dict[str, Any]:
 
     entry = target.model(name)
     found = variants_of(entry)
-    listed = [
-        {"precision": precision_of(v), "native_here": host.precision_problem(precision_of(v)) is None} for v in found
-    ]
+    listed = [{"precision": precision_of(v), "native_here": host.variant_problem(v) is None} for v in found]
     chosen, passed = host.choose(name, entry, refuse=False)  # /proc/cpuinfo's answer: torch is not imported
     loads = precision_of(chosen) if chosen is not None else None
     return {"variants": listed, "loads_here": loads, "passed_over": passed}
+
+
+def loaded(target: Target, name: str) -> str | None:
+    """The precision ``load(name)`` takes here: ``HATCH_AOTI_PRECISION``'s where it names one, else the
+    loader's choice for this CPU."""
+    import os
+
+    from hatch_aoti.loader import host
+
+    return os.environ.get(host.ENVIRONMENT) or variants(target, name)["loads_here"]
 
 
 def packed_at_load(target: Target, name: str) -> int | None:

@@ -58,10 +58,10 @@ def eager(target: Target, name: str) -> Any:
 
 def other_variants(target: Target, name: str, package_code: bool) -> dict[str, Callable[..., Any]]:
     """The model's variants this CPU runs natively, other than the one that loads by default, by precision."""
-    found = machine.variants(target, name)
+    found, first = machine.variants(target, name), machine.loaded(target, name)
     loaded = {}
     for variant in found["variants"]:
-        if variant["native_here"] and variant["precision"] != found["loads_here"]:
+        if variant["native_here"] and variant["precision"] != first:
             try:
                 loaded[variant["precision"]] = compiled(target, name, package_code, variant["precision"])
             except Unavailable:

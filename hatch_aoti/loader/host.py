@@ -33,8 +33,9 @@ def problems(entry: Entry, torch: Any = None) -> list[str]:
 
 
 #: What a precision needs of the CPU to run natively: any one of these features (CPUID's names, which
-#: /proc/cpuinfo shares). Without one, bfloat16 arithmetic is emulated in float32, slower than float32.
-NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16")}
+#: /proc/cpuinfo shares). Without one, bfloat16 arithmetic is emulated in float32, slower than float32,
+#: and oneDNN multiplies int8 in pairs whose 16-bit sums saturate (docs/configuration.md#precision).
+NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
 ENVIRONMENT = PRECISION_VARIABLE
 
 
@@ -51,7 +52,18 @@ def precision_problem(
         answer = (cpuid or {}).get(feature)
         if answer is True or (answer is None and flags is not None and feature in flags):
             return None
-    return f"needs a CPU with native {precision} arithmetic ({' or '.join(needs)}); this CPU has neither"
+    none = "neither" if len(needs) == 2 else "none of them"
+    return f"needs a CPU with native {precision} arithmetic ({' or '.join(needs)}); this CPU has {none}"
+
+
+def variant_problem(variant: Entry, torch: Any = None) -> str | None:
+    """Why this CPU does not run a variant natively, its precision first, then what the CPU lacks of the
+    variant's target (a lower-precision variant may be built for a wider one than its model's)."""
+    caps = cpuid(torch) if torch is not None else None
+    problem = precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
+    if problem and precision_of(variant) != "float32":  # the build chose its target, not the user
+        problem = problem.split(". Rebuild the wheel")[0]
+    return problem
 
 
 def choose(
@@ -77,7 +89,7 @@ def choose(
         return match, {}
     passed: dict[str, str] = {}
     for variant in found:
-        problem = precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
+        problem = variant_problem(variant, torch)
         if problem is None:
             return variant, passed
         passed[precision_of(variant)] = problem

@@ -82,7 +82,10 @@ class Coordinator:
 
         os.environ.pop(ENVIRONMENT, None)  # the build's own loads take each variant by its folder
         self.signatures.update({model.spec.name: model.signature for model in prepared})
-        prepared = [variant for model in prepared for variant in variants(model)]  # each built as a model
+        each = [variants(model) for model in prepared]  # each variant built as a model
+        for note in (note for _, notes in each for note in notes):
+            self.emit(protocol.Info(note))
+        prepared = [variant for found, _ in each for variant in found]
         misses = [m for model in prepared for m in self.export_and_look_up(model)]
         hand_back_freed()  # what export traced
         self.compile(misses)

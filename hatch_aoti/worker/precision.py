@@ -25,12 +25,38 @@ from hatch_aoti.worker.verify import VerificationFailed, compare, copied, refere
 BFLOAT16_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
-def variants(model: Prepared) -> list[Prepared]:
-    """One prepared model per precision the model lists, each named as its folder (``name@bfloat16``)."""
-    return [
-        dataclasses.replace(model, spec=dataclasses.replace(model.spec, name=label, precision=(precision,)))
-        for label, precision in model.spec.variants
-    ]
+#: The x86 target an int8 variant of a model built for the key's target is compiled for: Inductor's AVX2
+#: kernels round each activation an int8 layer quantizes one value at a time, and the CPUs with
+#: AVX512_VNNI or AMX-INT8 have AVX-512 (docs/configuration.md#precision).
+WIDER_TARGET = {"x86-64-v3": "x86-64-v4"}
+
+
+def variants(model: Prepared, flags: set[str] | None = None) -> tuple[list[Prepared], list[str]]:
+    """One prepared model per precision the model lists, each named as its folder (``name@bfloat16``) and
+    built for its target; and what the build log says of a target kept because this machine cannot
+    verify the wider one (``flags``: this machine's, from /proc/cpuinfo)."""
+    from hatch_aoti.settings.cpu_targets import TARGETS, host_flags
+
+    found, notes = [], []
+    for label, precision in model.spec.variants:
+        target = model.spec.cpu_target
+        wider = WIDER_TARGET.get(target) if precision == "int8" else None
+        if wider is not None:
+            flags = host_flags() if flags is None else flags
+            missing = [f for f in TARGETS[wider].features if f not in flags]
+            if missing:
+                notes.append(f"{label}: {KEPT_TARGET.format(target=target, wider=wider, missing=', '.join(missing))}")
+            else:
+                target = wider
+        spec = dataclasses.replace(model.spec, name=label, precision=(precision,), cpu_target=target)
+        found.append(dataclasses.replace(model, spec=spec))
+    return found, notes
+
+
+KEPT_TARGET = (
+    "built for {target}, not {wider}, since this machine lacks {missing} and could not verify it: it runs "
+    "on more CPUs, and slower on those with AVX-512 than a build on a machine that has it"
+)
 
 
 def precision_of(model: Prepared) -> str:
@@ -43,26 +69,10 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
     if precision == "int8":
         from hatch_aoti.worker.int8 import int8_program
 
-        full = model.spec.cpu_target == "native" and has_vnni()
-        program, quantized = int8_program(
-            model.module, args, kwargs, dynamic_shapes, model.calibration, reduce_range=not full
-        )
-        return program, quantized.describe() + ("" if full else "; activations in 7 bits, for CPUs without VNNI")
+        program, quantized = int8_program(model.module, args, kwargs, dynamic_shapes, model.calibration)
+        return program, quantized.describe()
     with bfloat16_layers(model.module) if precision == "bfloat16" else contextlib.nullcontext():
         return torch.export.export(model.module, args, kwargs, dynamic_shapes=dynamic_shapes), None
-
-
-#: CPU features whose int8 products oneDNN computes without saturating. On the others (AVX2 and
-#: AVX-512 CPUs without VNNI) a product of full-range uint8 activations saturates: a portable int8
-#: variant quantizes its activations to 7 bits, and one built for this CPU only where it has VNNI.
-VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")
-
-
-def has_vnni() -> bool:
-    from hatch_aoti.loader.host import cpuid
-
-    found = cpuid(torch)
-    return any(found.get(feature) is True for feature in VNNI)
 
 
 def lowering_modules(model: Prepared) -> list[str]:
