@@ -208,6 +208,81 @@ class Block(torch.nn.Module):
         return self.fc(self.norm(h)), h.argmax(-1)
 
 
+class Normed(torch.nn.Module):
+    """A convolution whose bias the batch norm after it takes away again, as a channel's mean is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.shared = torch.nn.Conv2d(8, 8, 1)  # called twice: left as it is
+        self.tail = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1), torch.nn.BatchNorm2d(8))
+        self.side = torch.nn.Conv2d(8, 8, 1)  # read by its norm and by the sum: left as it is
+        self.side_norm = torch.nn.BatchNorm2d(8)
+        with torch.no_grad():
+            self.conv.bias.fill_(1000.0)
+            self.norm.running_mean.fill_(1000.0)
+            for norm in (self.norm, self.tail[1], self.side_norm):
+                norm.weight.uniform_(0.5, 2.0)
+                norm.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm(self.conv(x)))
+        h = self.shared(self.shared(h))
+        s = self.side(h)
+        return self.tail(h) + self.side_norm(s) + s
+
+
+def test_batch_norms_are_folded_into_the_convolutions_before_them_in_a_copy() -> None:
+    from hatch_aoti.worker.batchnorm import folded_batch_norms
+
+    torch.manual_seed(0)
+    model, x = Normed().eval(), torch.randn(2, 3, 16, 16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        expected = model(x)
+    folded, count = folded_batch_norms(model, (x,), {}, None)
+    assert count == 2, "conv+norm and tail; not the shared convolution, nor one whose output is read twice"
+    assert isinstance(folded.norm, torch.nn.Identity) and isinstance(folded.tail[1], torch.nn.Identity)
+    assert folded.shared is model.shared and folded.side_norm is model.side_norm
+    assert isinstance(model.norm, torch.nn.BatchNorm2d) and isinstance(model.tail[1], torch.nn.BatchNorm2d)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "the model is left as it was"
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), expected, rtol=1e-4, atol=1e-3)
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    assert folded_batch_norms(plain, (torch.randn(1, 4),), {}, None) == (plain, 0)
+
+
+def test_a_bfloat16_convolution_rounds_after_its_batch_norm_takes_the_mean_away() -> None:
+    from hatch_aoti.worker.batchnorm import folded_batch_norms
+
+    torch.manual_seed(0)
+    normed, x = Normed().eval(), torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        expected = normed(x)
+
+    def error(module: torch.nn.Module) -> float:
+        with bfloat16_layers(module):
+            program = torch.export.export(module, (x,))
+        with torch.no_grad():
+            y = program.module()(x)
+        return float((y - expected).norm() / expected.norm())
+
+    assert error(folded_batch_norms(normed, (x,), {}, None)[0]) < 0.02
+    assert error(normed) > 0.1, "rounded at 1000, before the norm subtracts it"
+
+    from hatch_aoti.worker.checks import Prepared
+    from hatch_aoti.worker.precision import export
+
+    (spec,) = parse_settings({"models": {"n": model(precision="bfloat16")}}).models
+    program, _ = export(Prepared(spec, normed, None), (x,), {}, None)
+    norms = [node for node in program.graph.nodes if "batch_norm" in str(node.target)]
+    assert len(norms) == 1, "the side convolution's alone, whose output the sum reads too"
+    with torch.no_grad():
+        y = program.module()(x)
+    assert float((y - expected).norm() / expected.norm()) < 0.02, "the build's bfloat16 export folds them"
+
+
 def test_the_bfloat16_export_leaves_the_module_as_it_was_and_takes_and_returns_float32() -> None:
     torch.manual_seed(0)
     block = Block().eval()

@@ -71,8 +71,13 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
 
         program, quantized = int8_program(model.module, args, kwargs, dynamic_shapes, model.calibration)
         return program, quantized.describe()
-    with bfloat16_layers(model.module) if precision == "bfloat16" else contextlib.nullcontext():
-        return torch.export.export(model.module, args, kwargs, dynamic_shapes=dynamic_shapes), None
+    module = model.module
+    if precision == "bfloat16":
+        from hatch_aoti.worker.batchnorm import folded_batch_norms
+
+        module, _ = folded_batch_norms(module, args, kwargs, dynamic_shapes)
+    with bfloat16_layers(module) if precision == "bfloat16" else contextlib.nullcontext():
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes), None
 
 
 def lowering_modules(model: Prepared) -> list[str]:
