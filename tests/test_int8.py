@@ -249,9 +249,15 @@ def test_a_layer_whose_output_nothing_reads_is_left_out_not_an_error() -> None:
     assert_close(program.module()(x), model(x))
 
 
-def test_activations_take_the_full_uint8_range() -> None:
-    """The loader runs int8 only where VNNI multiplies them without saturating."""
+def test_activations_take_the_full_uint8_range_or_7_bits_where_asked() -> None:
+    """The loader runs int8 only where VNNI multiplies full-range activations without saturating; a build
+    machine without VNNI verifies a variant in 7 bits, which every CPU multiplies exactly."""
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(64, 64)).eval(), torch.randn(8, 64)
-    program = int8_program(model, (x,), {}, None, None)[0]
-    assert {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)} == {(0, 255)}
+
+    def ranges(**keys: Any) -> set[Any]:
+        program = int8_program(model, (x,), {}, None, None, **keys)[0]
+        return {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)}
+
+    assert ranges() == {(0, 255)}
+    assert ranges(reduce_range=True) == {(0, 127)}

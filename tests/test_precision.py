@@ -123,6 +123,33 @@ def test_a_variant_built_for_a_wider_target_is_passed_over_where_the_cpu_lacks_i
     assert "definitely_not_a_flag" in passed["int8"], passed
 
 
+def test_the_cli_asks_of_the_variant_that_loads_not_the_first_listed() -> None:
+    from types import SimpleNamespace
+
+    from hatch_aoti.cli import machine
+
+    wide = {"arch": os.uname().machine, "target": "x86-64-v4", "features": ["definitely_not_a_flag"]}
+    found = {**entry("int8", "float32"), "cpu": wide}
+
+    class Target:
+        dist = SimpleNamespace(requires=[])
+
+        def model(self, name: str) -> dict[str, Any]:
+            return found
+
+    assert machine.problems(Target(), "m") == [], "float32 loads here"  # type: ignore[arg-type]
+    assert machine.variant_of(Target(), "m")["precision"] == "float32"  # type: ignore[arg-type]
+    (problem,) = machine.problems(Target(), "m", "int8")  # type: ignore[arg-type]
+    assert "lacks definitely_not_a_flag" in problem and "Rebuild" not in problem, "the build chose that target"
+    listed = machine.variants(Target(), "m")["variants"]  # type: ignore[arg-type]
+    assert [(v["precision"], v["cpu_target"], v["native_here"]) for v in listed] == [
+        ("int8", "x86-64-v4", False),
+        ("float32", "x86-64-v3", True),
+    ]
+    with pytest.raises(RuntimeError, match="its int8 variant needs a CPU with x86-64-v4 instructions"):
+        choose(found, "int8", {"avx512_vnni": True})
+
+
 def test_the_cpus_own_answer_wins_over_proc_cpuinfo() -> None:
     assert host.precision_problem("bfloat16", {"avx512_bf16": False}, frozenset({"avx512_bf16"})) is not None
     assert host.precision_problem("bfloat16", {}, frozenset({"avx512_bf16"})) is None, "/proc/cpuinfo fills the gaps"
@@ -179,17 +206,23 @@ def test_the_int8_variant_of_a_portable_model_is_built_for_avx512_where_the_buil
 
     (spec,) = parse_settings({"cpu-target": "x86-64-v3", "models": {"a": model(precision=["int8", "float32"])}}).models
     prepared = Prepared(spec, torch.nn.Linear(8, 2), None)
-    found, notes = variants(prepared, set(TARGETS["x86-64-v4"].features))
+    found, notes = variants(prepared, set(TARGETS["x86-64-v4"].features), {})
     assert [(v.spec.name, v.spec.cpu_target) for v in found] == [("a@int8", "x86-64-v4"), ("a", "x86-64-v3")]
-    assert notes == []
-    found, notes = variants(prepared, set(TARGETS["x86-64-v3"].features))
+    assert notes == [
+        "a@int8: built for x86-64-v4 rather than x86-64-v3: CPUs without AVX-512 (AVX-VNNI alone "
+        "included) load the next variant listed"
+    ]
+    found, notes = variants(prepared, set(TARGETS["x86-64-v3"].features), {})
     assert [v.spec.cpu_target for v in found] == ["x86-64-v3", "x86-64-v3"]
-    assert notes and notes[0].startswith("a@int8: built for x86-64-v3, not x86-64-v4, since this machine lacks avx512")
+    assert notes[0].startswith("a@int8: built for x86-64-v3, not x86-64-v4, since this machine needs a CPU")
+    assert "lacks avx512" in notes[0] and "Rebuild" not in notes[0]
+    found, _ = variants(prepared, set(TARGETS["x86-64-v4"].features), {"avx512_f": False})
+    assert found[0].spec.cpu_target == "x86-64-v3", "the CPU's own answer wins over /proc/cpuinfo"
     (other,) = parse_settings({"cpu-target": "x86-64-v3", "models": {"a": model(precision="bfloat16")}}).models
-    found, _ = variants(Prepared(other, torch.nn.Linear(8, 2), None), set(TARGETS["x86-64-v4"].features))
+    found, _ = variants(Prepared(other, torch.nn.Linear(8, 2), None), set(TARGETS["x86-64-v4"].features), {})
     assert found[0].spec.cpu_target == "x86-64-v3", "bfloat16 gains nothing from AVX-512's integer kernels"
     (native,) = parse_settings({"cpu-target": "native", "models": {"a": model(precision="int8")}}).models
-    found, _ = variants(Prepared(native, torch.nn.Linear(8, 2), None), set())
+    found, _ = variants(Prepared(native, torch.nn.Linear(8, 2), None), set(), {})
     assert found[0].spec.cpu_target == "native"
 
 
@@ -206,6 +239,25 @@ class Block(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.conv(x).mean((2, 3))
         return self.fc(self.norm(h)), h.argmax(-1)
+
+
+def test_a_build_machine_without_vnni_verifies_int8_in_7_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its saturating products would be what verification judges, which no CPU that loads int8 computes."""
+    pytest.importorskip("torchao")
+    from hatch_aoti.worker import precision
+    from hatch_aoti.worker.checks import Prepared
+
+    (spec,) = parse_settings({"models": {"q": model(precision="int8")}}).models
+    linear, x = torch.nn.Sequential(torch.nn.Linear(8, 8)).eval(), torch.randn(2, 8)
+
+    def ranges(vnni: bool) -> tuple[set[Any], str | None]:
+        monkeypatch.setattr(precision, "has_vnni", lambda: vnni)
+        program, note = precision.export(Prepared(spec, linear, None), (x,), {}, None)
+        return {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)}, note
+
+    assert ranges(True) == ({(0, 255)}, "int8: 1 of 1 linear layer, 0 of 0 convolutions")
+    found, note = ranges(False)
+    assert found == {(0, 127)} and note is not None and note.endswith(precision.NARROWED)
 
 
 class Normed(torch.nn.Module):
@@ -466,10 +518,12 @@ def has_native_bfloat16() -> bool:
     return host.precision_problem("bfloat16", host.cpuid(torch)) is None
 
 
-def runs_int8() -> bool:
-    """VNNI, and the AVX-512 that an int8 variant is built for where the build machine has it."""
-    avx512 = host.cpu_problem({"arch": os.uname().machine, "target": "x86-64-v4", "features": ["avx512f"]}) is None
-    return host.precision_problem("int8", host.cpuid(torch)) is None and avx512
+def runs_here(site: Path, precision: str) -> bool:
+    """Whether the loader runs the wheel's ``net`` variant here: its precision and its target, as built."""
+    manifest = json.loads((site / "prec" / "_aoti" / "manifest.json").read_text(encoding="utf-8"))
+    entry = manifest["models"]["net"]
+    (variant,) = [v for v in [entry, *entry.get("variants", [])] if v.get("precision", "float32") == precision]
+    return host.variant_problem(variant, torch) is None
 
 
 @pytest.mark.integration
@@ -487,12 +541,12 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
     limits = {"bfloat16": 0.02, "int8": 0.1, "float32": 1e-4}
     for precision, runs in found["variants"].items():
         if isinstance(runs, str):
-            assert (precision == "bfloat16" and not has_native_bfloat16()) or (precision == "int8" and not runs_int8())
+            assert not runs_here(precision_site, precision), runs
             continue
         for kind, dtype, shape, rel, cos in runs:
             assert (kind, dtype, shape[1:]) == ("Tensor", "torch.float32", [10]), "the float32 model's outputs"
             assert rel <= limits[precision] and cos > 0.99, (precision, rel, cos)
-    expected = "bfloat16" if has_native_bfloat16() else "int8" if runs_int8() else "float32"
+    expected = next(p for p in ("bfloat16", "int8", "float32") if runs_here(precision_site, p))
     assert found["info"]["precision"] == expected, found["info"]
     if has_native_bfloat16():  # a model built in bfloat16 alone, called by keyword with a default left out
         assert found["scaled"]["precision"] == "bfloat16" and found["scaled"]["rel"] < 0.02, found["scaled"]
@@ -521,20 +575,22 @@ def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_varian
 
 
 @pytest.mark.integration
-def test_inspect_lists_the_variants_and_verify_checks_each_one_this_cpu_runs(precision_wheel: tuple[Path, str]) -> None:
+def test_inspect_lists_the_variants_and_verify_checks_each_one_this_cpu_runs(
+    precision_wheel: tuple[Path, str], precision_site: Path
+) -> None:
     wheel = str(precision_wheel[0])
     shown = json.loads(run([sys.executable, "-m", "hatch_aoti", "inspect", wheel, "--json"]).stdout)
     net = shown["models"]["net"]
     assert [v["precision"] for v in net["variants"]] == ["bfloat16", "int8", "float32"]
-    assert net["loads_here"] == ("bfloat16" if has_native_bfloat16() else "int8" if runs_int8() else "float32")
+    assert net["loads_here"] == next(p for p in ("bfloat16", "int8", "float32") if runs_here(precision_site, p))
     assert {f["path"].split("/")[1] for f in net["files"]} == {"net@bfloat16", "net@int8", "net"}
     assert net["variant_verification"]["int8"]["precision"] == "int8"
     proc = run([sys.executable, "-m", "hatch_aoti", "verify", wheel, "--eager", "--import-package", "--json"])
     result = json.loads(proc.stdout)["models"]["net"]
     assert result["status"] == "ok", result
-    ran = {"float32"} | ({"bfloat16"} if has_native_bfloat16() else set()) | ({"int8"} if runs_int8() else set())
+    ran = {p for p in ("bfloat16", "int8", "float32") if runs_here(precision_site, p)}
     assert set(result["variants"]) == ran
-    if runs_int8():
+    if runs_here(precision_site, "int8"):
         assert all(case["rel_error"] < 0.1 for case in result["variants"]["int8"]["cases"])
     quick = ["--repeats", "1", "--min-time", "0.001", "--warmup", "1", "--cold", "0", "--json"]
     env = {**os.environ, "HATCH_AOTI_PRECISION": "float32"}

@@ -62,7 +62,7 @@ def model(target: Target, name: str, entry: Entry) -> dict[str, Any]:
         "factory": entry.get("factory"),
         "inputs": calls.describe(entry),
         "dynamic": {d: {"min": lo, "max": hi} for d, (lo, hi) in calls.dims(entry).items()},
-        "cpu": entry["cpu"],
+        "cpu": machine.variant_of(target, name)["cpu"],  # of the variant that loads here
         "runs_here": not problems,
         "problems": problems,
         "weights": "external" if external else "mapped" if "weights" in entry else "in the library",
@@ -126,8 +126,12 @@ def show(data: dict[str, Any], out: Output) -> None:
         out.line(f"{name}:", style="bold")
         out.line(f"  CPU features needed: {' '.join(m['cpu']['features']) or 'none'}")
         if len(m["variants"]) > 1 or m["variants"][0]["precision"] != "float32":
+            targets = {v["cpu_target"] for v in m["variants"]}
             listed = ", ".join(
-                v["precision"] + ("" if v["native_here"] else " (not native here)") for v in m["variants"]
+                v["precision"]
+                + (f" ({v['cpu_target']})" if len(targets) > 1 else "")
+                + ("" if v["native_here"] else " (not native here)")
+                for v in m["variants"]
             )
             out.line(f"  precision: {listed}; loads here: {m['loads_here'] or 'none'}")
         count = m["packed_at_load"]

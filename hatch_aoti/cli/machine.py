@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hatch_aoti.cli.target import Target
+from hatch_aoti.loader.schema import Entry, precision_of
 
 
 def installed_torch() -> str | None:
@@ -37,16 +38,18 @@ def torch_problem(target: Target) -> str | None:
     return None
 
 
-def problems(target: Target, name: str) -> list[str]:
-    """Everything that stops the model from running here, before it is loaded: this environment's torch
-    against the wheel's requirement, then what the loader itself checks (the CPU, the device, a
-    precompiled model's Python and torch), which imports only torch, and that for CUDA models alone."""
+def problems(target: Target, name: str, precision: str | None = None) -> list[str]:
+    """Everything that stops the model (its ``precision`` variant, else the one that loads here) from
+    running here, before it is loaded: this environment's torch against the wheel's requirement, then
+    what the loader itself checks (the CPU, the device, a precompiled model's Python and torch), which
+    imports only torch, and that for CUDA models alone."""
     from hatch_aoti.loader import host
 
     torch_issue = torch_problem(target)
     found = [torch_issue] if torch_issue else []
     try:
-        found += host.problems(target.model(name))
+        variant = variant_of(target, name, precision)
+        found += host.problems(variant, hint=precision_of(variant) == "float32")
     except ImportError as exc:
         if not torch_issue:  # no torch to ask about the GPU: the torch problem says so already
             found.append(f"the loader cannot tell: {type(exc).__name__}: {exc}")
@@ -55,15 +58,30 @@ def problems(target: Target, name: str) -> list[str]:
     return found
 
 
+def variant_of(target: Target, name: str, precision: str | None = None) -> Entry:
+    """The model's ``precision`` variant, else the one the loader takes here (its first where none runs)."""
+    from hatch_aoti.loader import host
+    from hatch_aoti.loader.schema import variants_of
+
+    entry = target.model(name)
+    if precision is not None:
+        return next((v for v in variants_of(entry) if precision_of(v) == precision), entry)
+    chosen, _ = host.choose(name, entry, refuse=False)
+    return chosen if chosen is not None else entry
+
+
 def variants(target: Target, name: str) -> dict[str, Any]:
     """The model's variants, in the order the build was given: whether this CPU runs each natively, and
     which one the loader would load here (``HATCH_AOTI_PRECISION`` aside), as the loader decides it."""
     from hatch_aoti.loader import host
-    from hatch_aoti.loader.schema import precision_of, variants_of
+    from hatch_aoti.loader.schema import variants_of
 
     entry = target.model(name)
     found = variants_of(entry)
-    listed = [{"precision": precision_of(v), "native_here": host.variant_problem(v) is None} for v in found]
+    listed = [
+        {"precision": precision_of(v), "cpu_target": v["cpu"]["target"], "native_here": host.variant_problem(v) is None}
+        for v in found
+    ]
     chosen, passed = host.choose(name, entry, refuse=False)  # /proc/cpuinfo's answer: torch is not imported
     loads = precision_of(chosen) if chosen is not None else None
     return {"variants": listed, "loads_here": loads, "passed_over": passed}

@@ -13,11 +13,12 @@ from .packing import pack_ops
 from .schema import PRECISION_VARIABLE, PRECISIONS, Cpu, Entry, precision_of, variants_of
 
 
-def problems(entry: Entry, torch: Any = None) -> list[str]:
+def problems(entry: Entry, torch: Any = None, *, hint: bool = True) -> list[str]:
     """Why a model cannot run here, found without loading it: the CPU, the device, and for a
     precompiled model the Python and torch. ``load()`` refuses with the first; ``hatch-aoti`` asks
-    this before loading. Without ``torch`` (not imported yet), the CPU is asked through /proc/cpuinfo."""
-    found = [cpu_problem(entry["cpu"], cpuid=cpuid(torch) if torch is not None else None)]
+    this before loading. Without ``torch`` (not imported yet), the CPU is asked through /proc/cpuinfo.
+    ``hint``: say which `cpu-target` to rebuild with, where the user chose the variant's."""
+    found = [cpu_problem(entry["cpu"], cpuid=cpuid(torch) if torch is not None else None, hint=hint)]
     if entry["device"].startswith("cuda"):
         import torch
 
@@ -60,10 +61,8 @@ def variant_problem(variant: Entry, torch: Any = None) -> str | None:
     """Why this CPU does not run a variant natively, its precision first, then what the CPU lacks of the
     variant's target (a lower-precision variant may be built for a wider one than its model's)."""
     caps = cpuid(torch) if torch is not None else None
-    problem = precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
-    if problem and precision_of(variant) != "float32":  # the build chose its target, not the user
-        problem = problem.split(". Rebuild the wheel")[0]
-    return problem
+    own = precision_of(variant) == "float32"  # a lower precision's target may be the build's choice
+    return precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch, hint=own)), None)
 
 
 def choose(
@@ -83,7 +82,7 @@ def choose(
         match = next((v for v in found if precision_of(v) == wanted), None)
         if match is None:
             raise LookupError(f"compiled model {name!r} has no {wanted} variant; it was built in: {listed}")
-        problem = precision_problem(wanted, caps)
+        problem = variant_problem(match, torch)
         if problem is not None:
             raise RuntimeError(f"compiled model {name!r}: its {wanted} variant {problem}; its variants: {listed}")
         return match, {}
@@ -93,8 +92,7 @@ def choose(
         if problem is None:
             return variant, passed
         passed[precision_of(variant)] = problem
-    only = precision_of(entry)
-    if len(found) == 1 and precision_problem(only, caps) is None:
+    if len(found) == 1 and precision_problem(precision_of(entry), caps) is None:
         return entry, {}  # its own problem is told when it loads
     if not refuse:
         return None, passed
@@ -125,6 +123,7 @@ def cpu_problem(
     machine: str | None = None,
     flags: frozenset[str] | None = None,
     cpuid: dict[str, bool] | None = None,
+    hint: bool = True,
 ) -> str | None:
     """The CPU's own answer (CPUID, as torch reads it) wins over /proc/cpuinfo, which an emulator or
     a container may copy from another machine; /proc/cpuinfo covers the features it lacks."""
@@ -141,10 +140,8 @@ def cpu_problem(
             missing.append(feature)
     if not missing:
         return None
-    return (
-        f"needs a CPU with {cpu['target']} instructions; this CPU lacks {', '.join(missing)}. Rebuild "
-        'the wheel with an older `cpu-target` (for example "x86-64-v3") to run it here.'
-    )
+    lacks = f"needs a CPU with {cpu['target']} instructions; this CPU lacks {', '.join(missing)}"
+    return lacks + ('. Rebuild the wheel with an older `cpu-target` (for example "x86-64-v3") to run it here.' * hint)
 
 
 def precompile_problem(entry: Entry, torch_version: str | None) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import operator
 from typing import Any
 
 import torch
@@ -46,7 +47,9 @@ def folded_batch_norms(
 def pairs(graph: torch.fx.Graph, module: torch.nn.Module) -> list[tuple[str, str]]:
     """(convolution, batch norm) module names where the graph calls each once, in eval mode, and the norm
     is the only reader of the convolution's output."""
-    calls = collections.Counter(_owner(node) for node in graph.nodes if node.op == "call_function")
+    calls = collections.Counter(
+        _owner(node) for node in graph.nodes if node.op == "call_function" and node.target is not operator.getitem
+    )
     found = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in _NORM:
@@ -73,6 +76,8 @@ def _owner(node: torch.fx.Node) -> str | None:
 
 
 def _foldable(conv: torch.nn.Module, norm: torch.nn.Module) -> bool:
+    """Only a float32 convolution of torch's own and a norm with running statistics, both in eval mode:
+    what ``fuse_conv_bn_eval`` folds exactly."""
     return (
         type(conv) in _CONV_LAYERS
         and isinstance(norm, torch.nn.modules.batchnorm._BatchNorm)

@@ -76,6 +76,8 @@ def int8_program(
     kwargs: dict[str, Any],
     dynamic_shapes: Any,
     calibration: list[tuple[tuple[Any, ...], dict[str, Any]]] | None,
+    *,
+    reduce_range: bool = False,
 ) -> tuple[torch.export.ExportedProgram, Quantized]:
     """The model with int8 weights, exported: ready for ``torch._inductor.aoti_compile_and_package``
     (with freezing, which fuses the quantized patterns into int8 kernels).
@@ -84,7 +86,7 @@ def int8_program(
     ``calibration`` the samples (each ``(args, kwargs)``) that set the convolutions' activation ranges.
     ``module`` is left as it was: its parameters are the same objects, with the same values.
     """
-    prepare_pt2e, convert_pt2e, quantizer = _torchao(calibrated=bool(calibration))
+    prepare_pt2e, convert_pt2e, quantizer = _torchao(calibrated=bool(calibration), reduce_range=reduce_range)
     with torch.no_grad():
         graph = torch.export.export(
             _linear_conv1d(module), tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes
@@ -111,10 +113,11 @@ def register_lowering() -> None:
     _torchao(calibrated=False)
 
 
-def _torchao(*, calibrated: bool) -> tuple[Any, Any, Any]:
+def _torchao(*, calibrated: bool, reduce_range: bool = False) -> tuple[Any, Any, Any]:
     """``prepare_pt2e``, ``convert_pt2e`` and the quantizer: linear layers dynamic, convolutions static
     where calibrated. One X86InductorQuantizer takes one mode only, so each mode has its own. Activations
-    take the full uint8 range: the loader runs int8 only on CPUs with VNNI, which do not saturate it."""
+    take the full uint8 range, which CPUs with VNNI multiply without saturating, or 7 bits with
+    ``reduce_range``, which any CPU does."""
     try:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torchao.quantization.pt2e.quantizer.composable_quantizer import ComposableQuantizer
@@ -132,13 +135,13 @@ def _torchao(*, calibrated: bool) -> tuple[Any, Any, Any]:
         ) from exc
     linear = X86InductorQuantizer().set_module_type_qconfig(
         torch.nn.Linear,
-        get_default_x86_inductor_quantization_config(is_dynamic=True),
+        get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range),
     )
     quantizers = [linear]
     if calibrated:
         conv = X86InductorQuantizer().set_module_type_qconfig(
             torch.nn.Conv2d,
-            get_default_x86_inductor_quantization_config(is_dynamic=False),
+            get_default_x86_inductor_quantization_config(is_dynamic=False, reduce_range=reduce_range),
         )
         quantizers.append(conv)
     return prepare_pt2e, convert_pt2e, ComposableQuantizer(quantizers)

@@ -26,37 +26,58 @@ BFLOAT16_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.C
 
 
 #: The x86 target an int8 variant of a model built for the key's target is compiled for: Inductor's AVX2
-#: kernels round each activation an int8 layer quantizes one value at a time, and the CPUs with
-#: AVX512_VNNI or AMX-INT8 have AVX-512 (docs/configuration.md#precision).
+#: kernels round each activation an int8 layer quantizes one value at a time (docs/configuration.md#precision).
 WIDER_TARGET = {"x86-64-v3": "x86-64-v4"}
 
 
-def variants(model: Prepared, flags: set[str] | None = None) -> tuple[list[Prepared], list[str]]:
+def variants(
+    model: Prepared, flags: set[str] | None = None, caps: dict[str, bool] | None = None
+) -> tuple[list[Prepared], list[str]]:
     """One prepared model per precision the model lists, each named as its folder (``name@bfloat16``) and
-    built for its target; and what the build log says of a target kept because this machine cannot
-    verify the wider one (``flags``: this machine's, from /proc/cpuinfo)."""
-    from hatch_aoti.settings.cpu_targets import TARGETS, host_flags
+    built for its target; and what the build log says of an int8 variant's target. ``flags`` and
+    ``caps``: this machine's /proc/cpuinfo flags and CPUID answers (read here where not given)."""
+    from hatch_aoti.loader.host import cpu_problem, cpuid
+    from hatch_aoti.loader.schema import Cpu
+    from hatch_aoti.settings.cpu_targets import TARGETS
 
     found, notes = [], []
     for label, precision in model.spec.variants:
         target = model.spec.cpu_target
         wider = WIDER_TARGET.get(target) if precision == "int8" else None
         if wider is not None:
-            flags = host_flags() if flags is None else flags
-            missing = [f for f in TARGETS[wider].features if f not in flags]
-            if missing:
-                notes.append(f"{label}: {KEPT_TARGET.format(target=target, wider=wider, missing=', '.join(missing))}")
-            else:
+            cpu = Cpu(arch=TARGETS[wider].arch, target=wider, features=list(TARGETS[wider].features))
+            caps = cpuid(torch) if caps is None else caps
+            problem = cpu_problem(cpu, flags=None if flags is None else frozenset(flags), cpuid=caps, hint=False)
+            if problem is None:
+                notes.append(f"{label}: {WIDENED.format(target=target, wider=wider)}")
                 target = wider
+            else:
+                notes.append(f"{label}: {KEPT_TARGET.format(target=target, wider=wider, problem=problem)}")
         spec = dataclasses.replace(model.spec, name=label, precision=(precision,), cpu_target=target)
         found.append(dataclasses.replace(model, spec=spec))
     return found, notes
 
 
-KEPT_TARGET = (
-    "built for {target}, not {wider}, since this machine lacks {missing} and could not verify it: it runs "
-    "on more CPUs, and slower on those with AVX-512 than a build on a machine that has it"
+WIDENED = (
+    "built for {wider} rather than {target}: CPUs without AVX-512 (AVX-VNNI alone included) load the next "
+    "variant listed"
 )
+KEPT_TARGET = (
+    "built for {target}, not {wider}, since this machine {problem} and could not verify it: it runs on more "
+    "CPUs, and slower on those with AVX-512 than a build on a machine that has it"
+)
+
+
+#: What the build log says of an int8 variant built where there is no VNNI, whose saturating products
+#: would make its verification judge numbers no CPU that loads it computes.
+NARROWED = "; activations in 7 bits, since this machine has no VNNI to verify full-range products on"
+
+
+def has_vnni() -> bool:
+    """Whether this machine multiplies full-range int8 activations as the CPUs that load int8 do."""
+    from hatch_aoti.loader.host import cpuid, precision_problem
+
+    return precision_problem("int8", cpuid(torch)) is None
 
 
 def precision_of(model: Prepared) -> str:
@@ -69,8 +90,11 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
     if precision == "int8":
         from hatch_aoti.worker.int8 import int8_program
 
-        program, quantized = int8_program(model.module, args, kwargs, dynamic_shapes, model.calibration)
-        return program, quantized.describe()
+        full = has_vnni()
+        program, quantized = int8_program(
+            model.module, args, kwargs, dynamic_shapes, model.calibration, reduce_range=not full
+        )
+        return program, quantized.describe() + ("" if full else NARROWED)
     module = model.module
     if precision == "bfloat16":
         from hatch_aoti.worker.batchnorm import folded_batch_norms
