@@ -141,7 +141,8 @@ def cpu_problem(
     if not missing:
         return None
     lacks = f"needs a CPU with {cpu['target']} instructions; this CPU lacks {', '.join(missing)}"
-    return lacks + ('. Rebuild the wheel with an older `cpu-target` (for example "x86-64-v3") to run it here.' * hint)
+    rebuild = '. Rebuild the wheel with an older `cpu-target` (for example "x86-64-v3") to run it here.'
+    return lacks + rebuild if hint else lacks
 
 
 def precompile_problem(entry: Entry, torch_version: str | None) -> str | None:
