@@ -113,12 +113,12 @@ def test_the_cli_asks_the_loader_what_stops_a_model(monkeypatch: pytest.MonkeyPa
     def target(requires: list[str]) -> object:
         return types.SimpleNamespace(model=lambda name: {"name": name}, dist=types.SimpleNamespace(requires=requires))
 
-    monkeypatch.setattr(host, "problems", lambda entry: [f"{entry['name']}: the loader says no"])
+    monkeypatch.setattr(host, "problems", lambda entry, *_, **__: [f"{entry['name']}: the loader says no"])
     assert machine.problems(target([]), "m") == ["m: the loader says no"]  # type: ignore[arg-type]
     found = machine.problems(target(["torch==0.1"]), "m")  # type: ignore[arg-type]
     assert found[0].startswith("the wheel requires torch==0.1; this environment has torch") and len(found) == 2
 
-    def broken(entry: object) -> list[str]:
+    def broken(entry: object, *_: object, **__: object) -> list[str]:
         raise KeyError("cpu")
 
     monkeypatch.setattr(host, "problems", broken)
