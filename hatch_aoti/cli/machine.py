@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hatch_aoti.cli.target import Target
-from hatch_aoti.loader.schema import Entry, precision_of
+from hatch_aoti.loader.schema import PRECISION_VARIABLE, Entry, precision_of
 
 
 def installed_torch() -> str | None:
@@ -48,8 +48,7 @@ def problems(target: Target, name: str, precision: str | None = None) -> list[st
     torch_issue = torch_problem(target)
     found = [torch_issue] if torch_issue else []
     try:
-        variant = variant_of(target, name, precision)
-        found += host.problems(variant, hint=precision_of(variant) == "float32")
+        found += host.problems(variant_of(target, name, precision))
     except ImportError as exc:
         if not torch_issue:  # no torch to ask about the GPU: the torch problem says so already
             found.append(f"the loader cannot tell: {type(exc).__name__}: {exc}")
@@ -87,14 +86,16 @@ def variants(target: Target, name: str) -> dict[str, Any]:
     return {"variants": listed, "loads_here": loads, "passed_over": passed}
 
 
-def loaded(target: Target, name: str) -> str | None:
-    """The precision ``load(name)`` takes here: ``HATCH_AOTI_PRECISION``'s where it names one, else the
-    loader's choice for this CPU."""
+def asked(precision: str | None = None) -> str | None:
+    """The variant asked for by name, as ``load()`` takes it: ``precision``, else ``HATCH_AOTI_PRECISION``'s."""
     import os
 
-    from hatch_aoti.loader import host
+    return precision or os.environ.get(PRECISION_VARIABLE) or None
 
-    return os.environ.get(host.ENVIRONMENT) or variants(target, name)["loads_here"]
+
+def loaded(target: Target, name: str) -> str | None:
+    """The precision ``load(name)`` takes here: the one asked for by name, else the loader's choice."""
+    return asked() or variants(target, name)["loads_here"]
 
 
 def packed_at_load(target: Target, name: str) -> int | None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from hatch_aoti.cli import machine
 from hatch_aoti.cli.calls import first_line
 from hatch_aoti.cli.target import Target
-from hatch_aoti.loader.schema import PRECISION_VARIABLE
 
 
 class Unavailable(Exception):
@@ -22,7 +20,7 @@ class Unavailable(Exception):
 
 def compiled(target: Target, name: str, package_code: bool, precision: str | None = None) -> Callable[..., Any]:
     """``compiled.load(name)`` (of ``precision``'s variant), after the checks that need nothing loaded."""
-    wanted = precision or os.environ.get(PRECISION_VARIABLE) or None
+    wanted = machine.asked(precision)
     entry = machine.variant_of(target, name, wanted)
     problems = machine.problems(target, name, wanted)
     if problems:

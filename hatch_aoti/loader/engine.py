@@ -36,8 +36,7 @@ class Model:
         self.precision = precision_of(entry)
         self.name, self.directory, self.built_with = name, os.path.join(artifacts, folder_of(name, entry)), built_with
         self.device = entry["device"]
-        hint = self.precision == "float32"  # a lower precision's target may be the build's choice
-        problem = next(iter(problems(entry, torch, hint=hint)), None) or damaged(entry, self.directory)
+        problem = next(iter(problems(entry, torch)), None) or damaged(entry, self.directory)
         if problem:
             raise RuntimeError(f"compiled model {name!r} {problem}")
         self.file = os.path.join(self.directory, entry["file"])

@@ -13,12 +13,13 @@ from .packing import pack_ops
 from .schema import PRECISION_VARIABLE, PRECISIONS, Cpu, Entry, precision_of, variants_of
 
 
-def problems(entry: Entry, torch: Any = None, *, hint: bool = True) -> list[str]:
+def problems(entry: Entry, torch: Any = None) -> list[str]:
     """Why a model cannot run here, found without loading it: the CPU, the device, and for a
     precompiled model the Python and torch. ``load()`` refuses with the first; ``hatch-aoti`` asks
     this before loading. Without ``torch`` (not imported yet), the CPU is asked through /proc/cpuinfo.
-    ``hint``: say which `cpu-target` to rebuild with, where the user chose the variant's."""
-    found = [cpu_problem(entry["cpu"], cpuid=cpuid(torch) if torch is not None else None, hint=hint)]
+    Which `cpu-target` to rebuild with is said of float32 alone: a lower precision's may be the build's."""
+    caps = cpuid(torch) if torch is not None else None
+    found = [cpu_problem(entry["cpu"], cpuid=caps, hint=precision_of(entry) == "float32")]
     if entry["device"].startswith("cuda"):
         import torch
 
@@ -61,8 +62,7 @@ def variant_problem(variant: Entry, torch: Any = None) -> str | None:
     """Why this CPU does not run a variant natively, its precision first, then what the CPU lacks of the
     variant's target (a lower-precision variant may be built for a wider one than its model's)."""
     caps = cpuid(torch) if torch is not None else None
-    own = precision_of(variant) == "float32"  # a lower precision's target may be the build's choice
-    return precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch, hint=own)), None)
+    return precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
 
 
 def choose(
