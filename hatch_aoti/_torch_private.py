@@ -14,7 +14,7 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -92,6 +92,30 @@ def use_header_store() -> None:
 
 
 @contextlib.contextmanager
+def distinct_constant_names() -> Iterator[None]:
+    """Give each constant Inductor makes while it lowers a name of its own in the weights kept out of
+    the library: oneDNN's int8 lowerings make one ``x_scale`` per quantized convolution, and the
+    weights file, which Inductor keys by that name, would otherwise keep one of them for all.
+    ``GraphLowering.allocate_non_dup_const_name`` records the name asked for as the original one."""
+    from torch._inductor.graph import GraphLowering
+
+    allocate = GraphLowering.allocate_non_dup_const_name
+
+    def allocating(self: Any, name: str | None, data: Any) -> str:
+        taken = set(self.allocated_constant_name.values())
+        made = allocate(self, name, data)
+        if made != name and self.allocated_constant_name.get(made) in taken:
+            self.allocated_constant_name[made] = made
+        return made
+
+    GraphLowering.allocate_non_dup_const_name = allocating  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GraphLowering.allocate_non_dup_const_name = allocate  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def portable_paths() -> Iterator[None]:
     """Keep the build's directories out of the compiled code (``-ffile-prefix-map``), wrapping
     ``cpp_builder._get_optimization_cflags`` and ``CppBuilder.get_command_line``: Inductor has no
@@ -155,10 +179,11 @@ class PackedWeights:
     """Weights Inductor packs for oneDNN while it freezes a model, shipped instead as the dense tensors
     they are packed from: oneDNN picks a packed layout for the CPU at hand, so the loader packs them
     again where the model runs (``replays``: each constant's packing op and its other arguments).
+    ``ops``: the packing ops the loader runs (``loader.packing.OPS``), by name.
     """
 
-    def __init__(self, repacked: frozenset[str]) -> None:
-        self.repacked = repacked
+    def __init__(self, ops: Mapping[str, Any]) -> None:
+        self.ops = ops
         self.replays: dict[str, dict[str, Any]] = {}
         self.made: dict[int, Packing] = {}  # by id of the packed tensor
 
@@ -170,6 +195,11 @@ class PackedWeights:
         if not outs or not all(isinstance(o, torch.Tensor) and o.is_mkldnn for o in outs):
             return
         op = getattr(getattr(node.target, "_overloadpacket", node.target), "_qualified_op_name", None)
+        known = self.ops.get(str(op)) if len(outs) == 1 and args and isinstance(args[0], torch.Tensor) else None
+        if known is not None and id(outs[0]) not in self.made:  # one weight, the op's other arguments
+            dense = None if args[0].is_mkldnn else args[0].t() if known.transposed else args[0]
+            self.made[id(outs[0])] = Packing(outs[0], dense, op, list(args[1:]))
+            return
         leading = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), len(args))
         sources, rest = list(args[:leading]), list(args[leading:])
         one_each = len(sources) == len(outs) and not any(isinstance(a, torch.Tensor) for a in rest)
@@ -177,22 +207,30 @@ class PackedWeights:
             if id(packed) in self.made:  # a ``getitem`` of an op's list keeps the op's record
                 continue
             dense = sources[i] if one_each and not sources[i].is_mkldnn else None
-            self.made[id(packed)] = Packing(packed, dense, op if len(outs) == 1 else None, _json_args(rest))
+            self.made[id(packed)] = Packing(packed, dense, op if len(outs) == 1 else None, rest)
 
     def unpack(self, gm: Any) -> None:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
-        tensor that is also a constant of its own, or packed twice, is not packed again at load:
-        the library may hold it once, for every use. A strided one (a transposed weight) that is not
-        also a constant of its own ships contiguous, one copy per source; the model compiles with
-        those copies beside the weights."""
-        plain = {_place(v) for *_, v in _constants(gm) if v is not None and not getattr(v, "is_mkldnn", False)}
+        tensor that is also a constant of its own, or packed twice, is not packed again at load
+        where the model runs without it: the library may hold it once, for every use. A strided one
+        (a transposed weight) that is not also a constant of its own ships contiguous, one copy per
+        source; the model compiles with those copies beside the weights."""
+        named = {_place(v): n for n, _, _, v in _constants(gm) if v is not None and not getattr(v, "is_mkldnn", False)}
+        plain = set(named)
         copies: dict[tuple[Any, ...], Any] = {}  # by place of a strided source: its one contiguous copy
         for name, holder, attr, value in _constants(gm):
             if not getattr(value, "is_mkldnn", False):
                 continue
             found = self.made.get(id(value)) or Packing(None, None, None, None)
             dense = found.dense if found.packed is value else None
-            if dense is None or dense.shape != value.shape or dense.dtype != value.dtype:
+            known = self.ops.get(found.op or "")
+            args = _json_args(found.args or [], named) if found.args is not None else None
+            if (
+                dense is None
+                or dense.shape != value.shape
+                or dense.dtype != value.dtype
+                or (known is not None and known.required and args is None)
+            ):
                 raise RuntimeError(
                     f"Inductor packed weight {name} for oneDNN ({found.op or 'an unknown op'}) in a "
                     "way hatch-aoti cannot ship portably; set `cpp.weight_prepack = false` in the model's "
@@ -205,8 +243,8 @@ class PackedWeights:
                 dense = copies[place]
                 place = _place(dense)
             setattr(holder, attr, dense)
-            if found.op in self.repacked and found.args is not None and place not in plain:
-                self.replays[name] = {"op": found.op, "args": found.args}
+            if known is not None and args is not None and (place not in plain or known.required):
+                self.replays[name] = {"op": found.op, "args": args}
             plain.add(place)
         self.made.clear()  # the packed tensors, no longer in the graph
 
@@ -272,24 +310,27 @@ def _constants(gm: Any) -> Iterator[tuple[str, Any, str, Any]]:
         yield node.target, holder, attr, getattr(holder, attr, None)
 
 
-def _json_args(args: list[Any]) -> list[Any] | None:
-    """The arguments as JSON values (tuples as lists), or None where one is not (a symbolic size)."""
+def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] | None:
+    """The arguments as JSON values (tuples as lists, a tensor as ``{"constant": name}`` where it is one
+    of ``named``), or None where one is not (a symbolic size, a tensor of no constant)."""
     out: list[Any] = []
     for arg in args:
         if isinstance(arg, (list, tuple)):
-            inner = _json_args(list(arg))
+            inner = _json_args(list(arg), named)
             if inner is None:
                 return None
             out.append(inner)
         elif arg is None or type(arg) in (bool, int, float, str):
             out.append(arg)
+        elif _place(arg) in named and len(_place(arg)) > 1:
+            out.append({"constant": named[_place(arg)]})
         else:
             return None
     return out
 
 
 @contextlib.contextmanager
-def packed_weights(repacked: frozenset[str]) -> Iterator[PackedWeights]:
+def packed_weights(ops: Mapping[str, Any]) -> Iterator[PackedWeights]:
     """Record the packings Inductor folds while it freezes (``constant_folding.ConstantFolder.run_node``)
     and set the pass that unpacks them (``config.post_grad_custom_post_pass``); a torch that packs
     elsewhere, or never runs the pass, fails the compile with a message (see :meth:`PackedWeights.check`)."""
@@ -297,14 +338,14 @@ def packed_weights(repacked: frozenset[str]) -> Iterator[PackedWeights]:
     from torch._inductor.constant_folding import ConstantFolder
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    packed = PackedWeights(repacked)
+    packed = PackedWeights(ops)
 
     class Unpack(CustomGraphPass):
         def __call__(self, graph: Any) -> None:
             packed.unpack(graph.owning_module)
 
         def uuid(self) -> Any:
-            return "hatch-aoti-unpack-2"
+            return "hatch-aoti-unpack-3"
 
     run_node = ConstantFolder.run_node
 

@@ -39,7 +39,10 @@ def good() -> dict[str, Any]:
         "inline": {"data/constants/x.json": "{}"},
         "outputs": [{"kind": "tensor", "view_of": 1}, {"kind": "int"}, {"kind": "const", "value": 3}],
         "signature": [{"name": "x", "kind": "POSITIONAL_OR_KEYWORD"}],
-        "packing": {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [0, 0], 1]}},
+        "packing": {
+            "w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [0, 0], 1]},
+            "q": {"op": "onednn::qconv_prepack", "args": [{"constant": "_scale_0"}, 0.5, 0, [1], [1], [1], 1, None]},
+        },
         "call_spec": ["[]", "[]"],
         "weights": {
             "file": "weights.bin",
@@ -87,6 +90,8 @@ HOSTILE = {
     "signature name": ("signature.0.name", "x=1", "`signature` has a parameter"),
     "packing op": ("packing.w.op", "os.system", "`packing` has a weight"),
     "packing args": ("packing.w.args", [{"a": 1}], "`packing` has a weight"),
+    "packing constant": ("packing.w.args", [{"constant": 1}], "`packing` has a weight"),
+    "packing known op": ("packing.w.op", "aten::empty", "`packing` has a weight"),
     "place offset": ("weights.tensors.w.offset", "0", "`weights.tensors` places 'w'"),
     "external size code": (
         "weights.external",

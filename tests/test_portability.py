@@ -155,16 +155,22 @@ def test_isa_check_refuses_another_architecture(loader) -> None:
     assert problem.startswith("was built for x86_64 CPUs") and problem.endswith("this machine is aarch64")
 
 
-def test_weights_the_loader_cannot_pack_run_dense_with_a_warning(loader) -> None:
+def test_weights_the_loader_cannot_pack_run_dense_with_a_warning_unless_they_run_only_packed(loader) -> None:
     import torch
 
     def dense():
-        return {"w": torch.ones(8, 3, 3, 3)}, None
+        return {"w": torch.ones(8, 3, 3, 3), "q": torch.ones(4, 3, 3, 3, dtype=torch.int8), "s": torch.ones(4)}, None
 
     good = {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}}
     assert loader.packing.packed(torch, "m", good, dense)["w"].is_mkldnn
+    broken = {"w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], "no"]}}
     with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its weights for this CPU"):
-        assert loader.packing.packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense) == {}
+        assert loader.packing.packed(torch, "m", broken, dense) == {}
+    int8 = {"op": "onednn::qconv_prepack", "args": [{"constant": "s"}, 1.0, 0, [1, 1], [1, 1], [1, 1], 1, None]}
+    with pytest.raises(RuntimeError, match=r"'m': .* could not pack its weight q \(onednn::qconv_prepack\)"):
+        loader.packing.packed(torch, "m", {**good, "q": {**int8, "args": []}}, dense)
+    with pytest.raises(RuntimeError, match="mkldnn::no_such_packing is not a packing op this loader runs"):
+        loader.packing.packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense)
 
 
 def test_hatch_aoti_pack_chooses_which_recorded_weights_are_packed_at_load(
@@ -172,14 +178,15 @@ def test_hatch_aoti_pack_chooses_which_recorded_weights_are_packed_at_load(
 ) -> None:
     conv = {"op": "mkldnn::_reorder_convolution_weight", "args": []}
     linear = {"op": "mkldnn::_reorder_linear_weight", "args": [128]}
-    m, plain = {"packing": {"c": conv, "l": linear}}, {}
+    int8 = {"op": "onednn::qlinear_prepack", "args": [None]}  # oneDNN's int8 kernels take only packed weights
+    m, plain = {"packing": {"c": conv, "l": linear, "q": int8}}, {}
     chosen = {}
     for choice in ("", " ", "convolutions", "all", "none"):
         monkeypatch.setenv("HATCH_AOTI_PACK", choice)
         chosen[choice] = loader.packing.chosen(m)
         assert loader.packing.chosen(plain) == {}
-    assert chosen[""] == chosen[" "] == chosen["convolutions"] == {"c": conv}, "convolutions by default"
-    assert chosen["all"] == {"c": conv, "l": linear} and chosen["none"] == {}
+    assert chosen[""] == chosen[" "] == chosen["convolutions"] == {"c": conv, "q": int8}, "convolutions by default"
+    assert chosen["all"] == {"c": conv, "l": linear, "q": int8} and chosen["none"] == {"q": int8}
     monkeypatch.setenv("HATCH_AOTI_PACK", "linear")
     with pytest.raises(ValueError, match="HATCH_AOTI_PACK='linear': expected one of convolutions, all, none"):
         loader.packing.chosen(m)

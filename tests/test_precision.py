@@ -186,17 +186,23 @@ def test_the_manifest_refuses_a_variant_that_is_not_one() -> None:
     assert entry_problem({**plain, "variants": [{**plain, "precision": "int8", "file": "../x"}]}) is not None
 
 
-def test_an_int8_variant_keeps_its_weights_in_its_library() -> None:
+def test_an_int8_variant_freezes_and_packs_at_any_size_so_its_weights_can_ship_outside_the_library() -> None:
+    """oneDNN's int8 kernels come only with freezing, and the recorded packing is what lets the wheel ship
+    the int8 weights dense (mapped or external) for the loader to pack."""
+    from hatch_aoti.backends.aoti import fast_defaults, packs_weights
     from hatch_aoti.backends.interface import ProgramFacts
     from hatch_aoti.worker.facts import resolved_weights
 
     (spec,) = parse_settings(
         {"models": {"a": model(precision="int8", weights="external", **{"weights-url": "https://x/{file}"})}}
     ).models
-    facts = ProgramFacts(weights_bytes=2**30)
-    assert resolved_weights(spec, facts).weights == "embedded"
-    other = dataclasses.replace(spec, precision=("bfloat16",))
-    assert resolved_weights(other, facts).weights == "external"
+    for facts in (
+        ProgramFacts(weights_bytes=2**31, weighted_macs=10**9, weighted_products=4),  # an LLM's
+        ProgramFacts(weights_bytes=2**20, weighted_macs=1000, weighted_products=4),  # small products
+    ):
+        assert resolved_weights(spec, facts).weights == "external"
+        assert packs_weights(fast_defaults(spec, facts)), facts
+        assert not packs_weights(fast_defaults(dataclasses.replace(spec, precision=("float32",)), facts)), facts
 
 
 def test_the_int8_variant_of_a_portable_model_is_built_for_avx512_where_the_build_can_verify_it() -> None:
@@ -389,6 +395,7 @@ inputs = [{{ shape = ["batch", 3, 32, 32], dtype = "float32" }}]
 dynamic = {{ batch = {{ min = 1, max = 16 }} }}
 precision = ["bfloat16", "int8", "float32"]
 calibration = "prec.models:calibration"
+weights = "mapped"
 
 [{TABLE}.models.scaled]
 factory = "prec.models:scaled"
@@ -492,6 +499,10 @@ for batch in (1, 5):
         found["variants"].setdefault(precision, []).append([type(y).__name__, str(y.dtype), list(y.shape), rel, cos])
     y = compiled.load("net")(x.clone())
     found.setdefault("default", []).append(float((y - expected).norm() / expected.norm()))
+try:
+    compiled.save_pt2("net", os.path.join(os.environ["SITE"], "int8.pt2"), precision="int8")
+except (ValueError, RuntimeError) as exc:  # RuntimeError: not on this CPU
+    found["save_int8"] = str(exc)
 small = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
 scaled = compiled.info("scaled")
 found["scaled"] = {"precision": scaled["precision"], "passed_over": scaled["passed_over"]}
@@ -536,7 +547,15 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("prec/_aoti/net@bfloat16/") for n in names)
     assert any(n.startswith("prec/_aoti/net@int8/") for n in names)
-    found = in_site(runtime, precision_site)
+    manifest = json.loads((precision_site / "prec" / "_aoti" / "manifest.json").read_text(encoding="utf-8"))
+    net = manifest["models"]["net"]
+    variants = {v.get("precision", "float32"): v for v in [net, *net["variants"]]}
+    assert all("weights" in v for v in variants.values()), "every variant's weights are mapped, int8's too"
+    ops = sorted(how["op"] for how in variants["int8"]["packing"].values())
+    assert ops == ["onednn::qconv_prepack"] * 2 + ["onednn::qlinear_prepack"] * 3, ops
+    # int8 weights run only packed: packed even where HATCH_AOTI_PACK asks for nothing to be
+    found = in_site(runtime, precision_site, env={"HATCH_AOTI_PACK": "none"})
+    assert "int8 variant's weights are packed for this CPU as it loads" in found["save_int8"]
     assert found["info"]["variants"] == ["bfloat16", "int8", "float32"]
     limits = {"bfloat16": 0.02, "int8": 0.1, "float32": 1e-4}
     for precision, runs in found["variants"].items():

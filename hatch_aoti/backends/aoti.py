@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hatch_aoti.backends.interface import Backend, ProgramFacts, Request
+from hatch_aoti.loader.packing import OPS
 from hatch_aoti.settings.constants import HOST
 
 if TYPE_CHECKING:
@@ -71,20 +72,22 @@ FAST_DEFAULTS: dict[str, Any] = {
     "cpp.weight_prepack": True,
 }
 #: The packing ops recorded for the loader to run again, on the dense weights, as it loads the model
-#: (which of them it runs is the loader's choice: ``HATCH_AOTI_PACK``).
-REPACKED = frozenset({"mkldnn::_reorder_convolution_weight", "mkldnn::_reorder_linear_weight"})
+#: (which of the optional ones it runs is the loader's choice: ``HATCH_AOTI_PACK``).
+REPACKED = OPS
 
 
 def fast_defaults(spec: ModelSpec, facts: ProgramFacts) -> dict[str, Any]:
-    """``optimize = "host"`` freezes at any size; a model whose packed weights cannot ship dense, or
-    whose matrix products are too small to gain from packing and at least as many as its convolutions
-    (which gain at any size), is not packed."""
+    """``optimize = "host"`` and int8 variants freeze at any size; a model whose packed weights cannot ship
+    dense, or a float model whose matrix products are too small to gain from packing and at least as
+    many as its convolutions (which gain at any size), is not packed."""
     configs = dict(FAST_DEFAULTS)
     macs = facts.weighted_macs
     small = macs is not None and macs < PREPACK_FROM_MACS and facts.weighted_products >= facts.convolutions
+    small = small and spec.precision[0] != "int8"  # oneDNN runs int8 products packed at any size
     if not facts.repackable or small:
         configs["cpp.weight_prepack"] = False
-    if spec.optimize != HOST and facts.weights_bytes is not None and facts.weights_bytes >= FREEZE_BELOW:
+    large = facts.weights_bytes is not None and facts.weights_bytes >= FREEZE_BELOW
+    if spec.optimize != HOST and large and spec.precision[0] != "int8":  # int8 kernels come only with freezing
         configs["freezing"] = False
     return configs
 
@@ -143,7 +146,12 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()
     try:
         # Freezing folds weights only where no gradient can be asked for.
-        with _torch_private.inductor_cache(inductor), _torch_private.portable_paths(), torch.no_grad():
+        with (
+            _torch_private.inductor_cache(inductor),
+            _torch_private.portable_paths(),
+            _torch_private.distinct_constant_names(),
+            torch.no_grad(),
+        ):
             with packing as packed:
                 torch._inductor.aoti_compile_and_package(
                     exported, package_path=str(pt2), inductor_configs=dict(configs)

@@ -125,12 +125,19 @@ def save_pt2(name: str, path: str, precision: str | None = None) -> str:
     (``aoti_load_package``, C++).
 
     A model with mapped weights keeps them beside its library there too: load that package
-    with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``.
+    with ``torch.export.pt2_archive._package.load_pt2(path, load_weights_from_disk=True)``. An int8
+    variant cannot be saved: its weights are packed as it loads, which torch's own loader does not do.
     """
+    from .packing import runs_dense
     from .pt2 import write
 
     entry, _ = _variant(name, precision)
     assert entry is not None
+    if not runs_dense(entry):
+        raise ValueError(
+            f"compiled model {name!r}: its {precision_of(entry)} variant's weights are packed for this CPU as "
+            "it loads, which torch's own loader does not do; save another of its variants (`precision=`)"
+        )
     part = f"{path}.{os.getpid()}.part"
     try:
         with open(part, "wb") as f:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .host import check_symbols, damaged, problems
 from .inputs import describe, exported_layout, fits, tensor_check, unsafe_writes
-from .packing import chosen, packed
+from .packing import chosen, packed, runs_dense
 from .runtime import opened
 from .schema import Entry, Output, Parameter, folder_of, precision_of
 from .specs import children, treespec
@@ -97,6 +97,11 @@ class Model:
                 self.runner.update_constant_buffer(self.weights, False, "weights" in entry, True)  # no copy
             return self.runner.get_call_spec()
         except (AttributeError, TypeError, ImportError) as exc:
+            if not runs_dense(entry):
+                raise RuntimeError(
+                    f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor runner "
+                    f"({exc}), and its {self.precision} weights run only packed as it loads"
+                ) from None
             warnings.warn(
                 f"compiled model {self.name!r}: torch {torch.__version__} lacks the direct AOTInductor "
                 f"runner ({exc}); falling back to torch._inductor.aoti_load_package, which is slower "

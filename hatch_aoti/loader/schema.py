@@ -114,7 +114,8 @@ class Weights(TypedDict, total=False):
 
 
 class Packing(TypedDict):
-    """A weight the loader packs for this CPU: the packing op (``namespace::name``) and its arguments."""
+    """A weight the loader packs for this CPU: the packing op (``namespace::name``, one of ``packing.OPS``)
+    and its other arguments, each a JSON value or ``{"constant": name}`` (another of the model's weights)."""
 
     op: str
     args: list[Any]

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hatch_aoti.loader.schema import folder_of, precision_of, variants_of
+from hatch_aoti.loader.schema import folder_of, variants_of
 from hatch_aoti.pipeline import manifest
 from hatch_aoti.pipeline.artifacts import ARTIFACT_DIR
 from hatch_aoti.settings.spec import ModelSpec, Settings
@@ -54,8 +54,6 @@ def _publish_one(settings: Settings, spec: ModelSpec, entry: Any, package: Path,
     """One variant's weights file moved to ``target``, and its entry told where it is served."""
     folder = folder_of(spec.name, entry)
     weights = entry.get("weights")
-    if weights is None and precision_of(entry) == "int8":
-        return  # an int8 variant's weights are in its library
     if weights is None:  # nothing to fetch: a model without parameters
         report.warning(f'aoti: {folder}: `weights = "external"`, but the model has no weights to keep out')
         return

@@ -10,6 +10,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hatch_aoti.loader.packing import OPS
 from hatch_aoti.loader.schema import ARTIFACT_DIR, FORMAT, MANIFEST, PRECISIONS, Manifest, precision_of
 
 #: What every model entry has, and the type of each (manifest format 2).
@@ -28,7 +29,6 @@ _EXTERNAL = re.compile(r"[0-9a-f]{64}\.bin")
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?")
 _DTYPE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
-_OP = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 
 def write(package_dir: Path, manifest: Manifest) -> Path:
@@ -291,17 +291,22 @@ def _other_problem(entry: dict[str, Any]) -> str | None:
     packing = entry.get("packing", {})
     if not isinstance(packing, dict) or not all(
         isinstance(how, dict)
-        and isinstance(how.get("op"), str)
-        and _OP.fullmatch(how["op"])
+        and how.get("op") in OPS
         and isinstance(how.get("args"), list)
-        and all(_plain(a) for a in how["args"])
+        and all(_plain(a) or _constant(a) for a in how["args"])
         for how in packing.values()
     ):
-        return "`packing` has a weight without a packing op (namespace::name) and plain arguments"
+        return f"`packing` has a weight without a packing op ({', '.join(OPS)}) and plain arguments"
     specs = entry.get("call_spec", ["", ""])
     if not isinstance(specs, list) or len(specs) != 2 or not all(isinstance(s, str) for s in specs):
         return "`call_spec` is not two specs"
     return None
+
+
+def _constant(value: Any) -> bool:
+    """``{"constant": name}``: another of the model's weights."""
+    name = value.get("constant") if isinstance(value, dict) and len(value) == 1 else None
+    return isinstance(name, str) and bool(_NAME.fullmatch(name))
 
 
 def _plain(value: Any) -> bool:

@@ -95,7 +95,8 @@ VARIABLES: tuple[Variable, ...] = (
         ("loader", "build", "CLI"),
         "`convolutions`",
         "which recorded weights `load()` packs for the CPU at hand: `convolutions`, `all` (linear layers "
-        "too, a copy in each process) or `none`; the build's own loads and `hatch-aoti inspect` follow it",
+        "too, a copy in each process) or `none`; int8 weights are packed whatever it says; the build's own "
+        "loads and `hatch-aoti inspect` follow it",
         "configuration.md#fast-defaults",
     ),
     Variable(

@@ -114,6 +114,7 @@ class Coordinator:
     def export_and_look_up(self, model: Prepared) -> list[Miss]:
         """Export the model and look it up (each candidate, if it is tuned); what is left to compile."""
         from hatch_aoti import backends
+        from hatch_aoti.backends.aoti import packs_weights
         from hatch_aoti.settings.cpu_targets import resolve
         from hatch_aoti.worker import tuning
 
@@ -128,11 +129,12 @@ class Coordinator:
         backend = backends.get(model.spec.backend)
         cpu = resolve(model.spec.cpu_target)
         facts = self.facts[spec.name] = program_facts(exported)
-        asked = model.spec.weights
         spec = model.spec = resolved_weights(model.spec, facts)
-        if spec.precision[0] == "int8" and asked not in ("auto", "embedded"):
-            self.emit(protocol.Info(f"{spec.name}: {INT8_WEIGHTS.format(asked)}"))
         settings = backend.settings(model.user_configs, cpu, spec, facts)
+        if spec.precision[0] == "int8" and spec.weights != "embedded" and not packs_weights(settings):
+            self.emit(protocol.Info(f"{spec.name}: {INT8_WEIGHTS.format(spec.weights)}"))
+            spec = model.spec = dataclasses.replace(spec, weights="embedded", weights_url=None)
+            settings = backend.settings(model.user_configs, cpu, spec, facts)
         if not spec.tune:
             miss = self.look_up(model, exported, backend, cpu, spec.name, settings, start)
             return [miss] if miss else []
@@ -497,8 +499,8 @@ FOREIGN_CONTAINERS = (
 
 
 INT8_WEIGHTS = (
-    "its weights are in the library, not {} (`weights`): oneDNN packs int8 weights as the variant is "
-    "compiled, into tensors that only the library can hold"
+    "its weights are in the library, not {} (`weights`): it compiles without `cpp.weight_prepack`, so "
+    "oneDNN packs its int8 weights as it compiles, into tensors that only the library can hold"
 )
 
 

@@ -28,10 +28,7 @@ def program_facts(exported: Any) -> ProgramFacts:
 
 
 def resolved_weights(spec: ModelSpec, facts: ProgramFacts) -> ModelSpec:
-    """The spec with ``weights = "auto"`` resolved by the size of the weights. An ``int8`` variant keeps
-    its weights in the library: oneDNN packs them as it compiles, into tensors only the library holds."""
-    if spec.precision[0] == "int8" and spec.weights != "embedded":
-        return dataclasses.replace(spec, weights="embedded", weights_url=None)
+    """The spec with ``weights = "auto"`` resolved by the size of the weights."""
     if spec.weights != "auto":
         return spec
     return dataclasses.replace(spec, weights=auto_weights(spec, facts.weights_bytes or 0))
@@ -48,12 +45,12 @@ def auto_weights(spec: ModelSpec, size: int) -> str:
 
 def repackable(exported: Any) -> bool:
     """Whether the weights Inductor packs for oneDNN can ship as the dense tensors they come from:
-    not those of transposed convolutions (packed with their channels swapped) or quantized ones."""
+    not those of transposed convolutions (packed with their channels swapped)."""
     import torch
 
     for node in exported.graph.nodes:
         name = str(node.target)
-        if "conv_transpose" in name or "quantize" in name or "onednn" in name:
+        if "conv_transpose" in name:
             return False
         if node.target is torch.ops.aten.convolution.default and len(node.args) > 6 and node.args[6]:
             return False

@@ -10,12 +10,11 @@ module itself (the float32 reference that verification runs) stays as it was and
 
 The program compiles to oneDNN's int8 kernels where Inductor freezes it (``freezing``, under
 ``torch.no_grad()``) in a process where torchao's x86 lowering passes are registered: importing its
-quantizer registers them, process-wide, as :func:`int8_program` does, and they apply whatever
-``cpp.weight_prepack`` says (the int8 weights are then oneDNN-packed constants, in the layout oneDNN
-picks for the build machine's CPU). A process that loads or compiles a saved int8 program it did
-not make calls :func:`register_lowering` first: without it the program's quantize ops cannot be
-loaded, and Inductor's own passes fuse them only with ``cpp.weight_prepack`` (without, the matrix
-products stay float32, on weights dequantized at every call).
+quantizer registers them, process-wide, as :func:`int8_program` does, and they pack the int8 weights
+for oneDNN whatever ``cpp.weight_prepack`` says. With it, the build ships them dense and records the
+packing for the loader (``loader.packing.OPS``), as for float32 weights. A process that loads or
+compiles a saved int8 program it did not make calls :func:`register_lowering` first: without it the
+program's quantize ops cannot be loaded.
 
 torchao is a build-time requirement of the projects that ask for int8 only: it is imported here when
 a program is made, never by the rest of the worker.
