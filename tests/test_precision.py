@@ -10,12 +10,14 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from hatch_aoti.loader import host
+from hatch_aoti.loader.schema import variants_of
 from hatch_aoti.pipeline.manifest import entry_problem
 from hatch_aoti.settings.reader import ConfigError
 from hatch_aoti.settings.resolve import parse_settings
@@ -258,12 +260,53 @@ def test_a_build_machine_without_vnni_verifies_int8_in_7_bits(monkeypatch: pytes
 
     def ranges(vnni: bool) -> tuple[set[Any], str | None]:
         monkeypatch.setattr(precision, "has_vnni", lambda: vnni)
-        program, note = precision.export(Prepared(spec, linear, None), (x,), {}, None)
+        program, note, _ = precision.export(Prepared(spec, linear, None), (x,), {}, None)
         return {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)}, note
 
     assert ranges(True) == ({(0, 255)}, "int8: 1 of 1 linear layer, 0 of 0 convolutions")
     found, note = ranges(False)
     assert found == {(0, 127)} and note is not None and note.endswith(precision.NARROWED)
+
+
+def test_without_calibration_an_int8_variants_convolutions_take_the_next_variants_precision() -> None:
+    """``["int8", "bfloat16"]``: its convolutions in bfloat16, which the loader then also asks the CPU for;
+    ``["int8", "float32"]``, or with samples to calibrate them on: nothing in bfloat16."""
+    pytest.importorskip("torchao")
+    from hatch_aoti.worker.checks import Prepared
+    from hatch_aoti.worker.precision import export, variants
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4)
+    ).eval()
+    x = torch.randn(2, 3, 8, 8)
+    calibration = [((torch.randn(2, 3, 8, 8),), {})]
+
+    def exported(listed: list[str], samples: Any = None) -> tuple[set[Any], str | None, list[str]]:
+        (spec,) = parse_settings({"models": {"n": model(precision=listed)}}).models
+        found, _ = variants(Prepared(spec, net, None), flags=set(), caps={})
+        (int8,) = [v for v in found if v.spec.precision[0] == "int8"]
+        program, note, uses = export(dataclasses.replace(int8, calibration=samples), (x,), {}, None)
+        convs = [n for n in program.graph.nodes if "conv" in str(n.target)]
+        weights = {"int8" if "dequantize" in str(n.args[1].target) else n.args[1].meta["val"].dtype for n in convs}
+        return weights, note, uses
+
+    dtypes, note, uses = exported(["int8", "bfloat16", "float32"])
+    assert dtypes == {torch.bfloat16} and uses == ["bfloat16"], (dtypes, uses)
+    assert note is not None and "0 of 1 convolution (no `calibration`: the others compute in bfloat16" in note
+    assert exported(["bfloat16", "int8", "float32"])[::2] == ({torch.float32}, []), "float32 comes after int8"
+    assert exported(["int8", "bfloat16"], calibration)[::2] == ({"int8"}, []), "calibrated: int8"
+    assert net[0].weight.dtype == torch.float32 and "forward" not in net[0].__dict__, "the module as it was"
+
+
+def test_a_variant_that_also_computes_in_bfloat16_needs_native_bfloat16_too() -> None:
+    entry = {"precision": "int8", "uses": ["bfloat16"], "cpu": {"arch": "x86_64", "target": "t", "features": []}}
+    vnni = {"avx512_vnni": True, "avx512_bf16": False, "amx_bf16": False}
+    problem = host.native_problem(entry, SimpleNamespace(cpu=SimpleNamespace(get_capabilities=lambda: vnni)))
+    assert problem is not None and problem.startswith("computes in bfloat16 too, and needs a CPU with native bfloat16")
+    both = {**vnni, "avx512_bf16": True}
+    assert host.native_problem(entry, SimpleNamespace(cpu=SimpleNamespace(get_capabilities=lambda: both))) is None
+    assert entry_problem({**entry, "call": [], "device": "cpu", "file": "f", "uses": ["fp8"]}) is not None
 
 
 class Normed(torch.nn.Module):
@@ -333,7 +376,7 @@ def test_a_bfloat16_convolution_rounds_after_its_batch_norm_takes_the_mean_away(
     from hatch_aoti.worker.precision import export
 
     (spec,) = parse_settings({"models": {"n": model(precision="bfloat16")}}).models
-    program, _ = export(Prepared(spec, normed, None), (x,), {}, None)
+    program, *_ = export(Prepared(spec, normed, None), (x,), {}, None)
     norms = [node for node in program.graph.nodes if "batch_norm" in str(node.target)]
     assert len(norms) == 1, "the side convolution's alone, whose output the sum reads too"
     with torch.no_grad():
@@ -399,8 +442,8 @@ weights = "mapped"
 
 [{TABLE}.models.scaled]
 factory = "prec.models:scaled"
-inputs = [{{ shape = [4, 64], dtype = "float32" }}]
-precision = "bfloat16"
+inputs = [{{ shape = [4, 8, 64], dtype = "float32" }}]
+precision = ["int8", "bfloat16"]
 """
 
 MODELS = """
@@ -438,13 +481,15 @@ def build():
 
 
 class Scaled(torch.nn.Module):
-    # called by keyword and with a default left out: the loader binds calls to forward's signature
+    # called by keyword and with a default left out: the loader binds calls to forward's signature;
+    # int8 without calibration samples: its convolution computes in bfloat16, the next variant's precision
     def __init__(self):
         super().__init__()
+        self.conv = torch.nn.Conv1d(8, 8, 3, padding=1)
         self.fc = torch.nn.Linear(64, 64)
 
     def forward(self, x, scale: float = 2.0):
-        return self.fc(x) * scale
+        return self.fc(torch.relu(self.conv(x))) * scale
 
 
 def scaled():
@@ -503,7 +548,7 @@ try:
     compiled.save_pt2("net", os.path.join(os.environ["SITE"], "int8.pt2"), precision="int8")
 except (ValueError, RuntimeError) as exc:  # RuntimeError: not on this CPU
     found["save_int8"] = str(exc)
-small = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
+small = torch.randn(4, 8, 64, generator=torch.Generator().manual_seed(5))
 scaled = compiled.info("scaled")
 found["scaled"] = {"precision": scaled["precision"], "passed_over": scaled["passed_over"]}
 if scaled["precision"] is not None:
@@ -567,8 +612,17 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
             assert rel <= limits[precision] and cos > 0.99, (precision, rel, cos)
     expected = next(p for p in ("bfloat16", "int8", "float32") if runs_here(precision_site, p))
     assert found["info"]["precision"] == expected, found["info"]
-    if has_native_bfloat16():  # a model built in bfloat16 alone, called by keyword with a default left out
-        assert found["scaled"]["precision"] == "bfloat16" and found["scaled"]["rel"] < 0.02, found["scaled"]
+    scaled = json.loads((precision_site / "prec" / "_aoti" / "manifest.json").read_text())["models"]["scaled"]
+    assert scaled["uses"] == ["bfloat16"] and "the others compute in bfloat16" in scaled["quantized"], scaled
+    assert "prec/_aoti/scaled/" not in "".join(names), "no float32 variant: none was listed"
+    # int8 where this CPU runs both it and bfloat16 natively, else bfloat16, else none
+    problems = {v["precision"]: host.variant_problem(v, torch) for v in variants_of(scaled)}
+    runs = [p for p in ("int8", "bfloat16") if problems[p] is None]
+    assert found["scaled"]["precision"] == next(iter(runs), None), found["scaled"]
+    if runs:  # called by keyword with a default left out
+        assert found["scaled"]["rel"] < {"int8": 0.1, "bfloat16": 0.02}[runs[0]], found["scaled"]
+    if problems["int8"] is not None:
+        assert found["scaled"]["passed_over"]["int8"] == problems["int8"], found["scaled"]
 
 
 QEMU = shutil.which("qemu-x86_64")
@@ -589,7 +643,8 @@ def test_on_an_emulated_cpu_without_bfloat16_the_same_wheel_loads_another_varian
     assert "needs a CPU with native int8" in found["variants"]["int8"], "asked for, it is refused"
     assert all(rel < 1e-4 for rel in found["default"])
     assert all(run[3] < 1e-4 for run in found["variants"]["float32"])
-    assert found["scaled"]["precision"] is None, "its only variant does not run here: info() says why"
+    assert found["scaled"]["precision"] is None, "none of its variants runs here: info() says why"
+    assert "needs a CPU with native int8" in found["scaled"]["passed_over"]["int8"]
     assert "needs a CPU with native bfloat16" in found["scaled"]["passed_over"]["bfloat16"]
 
 
@@ -645,6 +700,6 @@ def test_a_rebuild_with_another_list_of_precisions_takes_its_variants_from_the_c
     listed = 'precision = ["bfloat16", "int8", "float32"]'
     pyproject.write_text(pyproject.read_text(encoding="utf-8").replace(listed, 'precision = ["int8", "float32"]'))
     log = build_no_isolation(project, project / "dist", env={**os.environ, "HATCH_AOTI_JOBS": "2"}).stderr
-    assert "(3 variants: 3 from the cache)" in log, log
+    assert "(4 variants: 4 from the cache)" in log, log
     (wheel,) = (project / "dist").glob("*.whl")
     assert not any("net@bfloat16" in n for n in zipfile.ZipFile(wheel).namelist())

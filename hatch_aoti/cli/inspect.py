@@ -129,6 +129,7 @@ def show(data: dict[str, Any], out: Output) -> None:
             targets = {v["cpu_target"] for v in m["variants"]}
             listed = ", ".join(
                 v["precision"]
+                + "".join(f" (+{also})" for also in v["uses"])
                 + (f" ({v['cpu_target']})" if len(targets) > 1 else "")
                 + ("" if v["native_here"] else " (not native here)")
                 for v in m["variants"]

@@ -78,7 +78,12 @@ def variants(target: Target, name: str) -> dict[str, Any]:
     entry = target.model(name)
     found = variants_of(entry)
     listed = [
-        {"precision": precision_of(v), "cpu_target": v["cpu"]["target"], "native_here": host.variant_problem(v) is None}
+        {
+            "precision": precision_of(v),
+            "uses": v.get("uses", []),
+            "cpu_target": v["cpu"]["target"],
+            "native_here": host.variant_problem(v) is None,
+        }
         for v in found
     ]
     chosen, passed = host.choose(name, entry, refuse=False)  # /proc/cpuinfo's answer: torch is not imported

@@ -61,8 +61,17 @@ def precision_problem(
 def variant_problem(variant: Entry, torch: Any = None) -> str | None:
     """Why this CPU does not run a variant natively, its precision first, then what the CPU lacks of the
     variant's target (a lower-precision variant may be built for a wider one than its model's)."""
+    return native_problem(variant, torch) or next(iter(problems(variant, torch)), None)
+
+
+def native_problem(variant: Entry, torch: Any = None) -> str | None:
+    """Why this CPU lacks the native arithmetic of a variant's precision, or of one it also computes in."""
     caps = cpuid(torch) if torch is not None else None
-    return precision_problem(precision_of(variant), caps) or next(iter(problems(variant, torch)), None)
+    found = precision_problem(precision_of(variant), caps)
+    for also in variant.get("uses", []):
+        problem = precision_problem(also, caps)
+        found = found or (problem and f"computes in {also} too, and {problem}")
+    return found
 
 
 def choose(
@@ -75,7 +84,6 @@ def choose(
     not run natively is then an error rather than a slow model."""
     found = variants_of(entry)
     listed = ", ".join(precision_of(v) for v in found)
-    caps = cpuid(torch) if torch is not None else None
     if wanted is not None:
         if wanted not in PRECISIONS:
             raise ValueError(f"compiled model {name!r}: precision {wanted!r} is not one of {', '.join(PRECISIONS)}")
@@ -92,7 +100,7 @@ def choose(
         if problem is None:
             return variant, passed
         passed[precision_of(variant)] = problem
-    if len(found) == 1 and precision_problem(precision_of(entry), caps) is None:
+    if len(found) == 1 and native_problem(entry, torch) is None:
         return entry, {}  # its own problem is told when it loads
     if not refuse:
         return None, passed

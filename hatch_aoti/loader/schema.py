@@ -171,6 +171,9 @@ class Entry(TypedDict, total=False):
     """The model's other variants, in the order of preference the build was given (the first is this one)."""
     quantized: str
     """``int8``: what was quantized, as the build log said it."""
+    uses: list[str]
+    """Precisions besides its own whose native arithmetic the variant needs (an int8 variant's
+    convolutions compute in bfloat16 where it had no calibration samples and bfloat16 came next)."""
 
 
 class Manifest(TypedDict):

@@ -104,6 +104,9 @@ def _one_entry_problem(entry: Any) -> str | None:
         return "not a table"
     if precision_of(entry) not in PRECISIONS:
         return f"`precision` is {entry.get('precision')!r}, not one of {', '.join(PRECISIONS)}"
+    uses = entry.get("uses", [])
+    if not isinstance(uses, list) or not all(isinstance(p, str) and p in PRECISIONS for p in uses):
+        return f"`uses` is {uses!r}, not a list of precisions ({', '.join(PRECISIONS)})"
     for table, keys, label in ((entry, ENTRY_KEYS, ""), (entry.get("cpu"), CPU_KEYS, "cpu.")):
         for key, kind in keys.items():
             if not isinstance(table, dict) or not isinstance(table.get(key), kind):

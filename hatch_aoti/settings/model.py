@@ -372,7 +372,7 @@ class ModelTable:
     )
     calibration: str | None = key(
         '`int8`: `"module:attr"` of a callable returning samples shaped like the example inputs\' ones; '
-        "convolutions are quantized only with it (see [Precision](#precision))",
+        "convolutions are quantized only with it, else take the next variant's precision (see [Precision](#precision))",
         check=_entry_point,
         expected='a string "module:attr" (e.g. "my_pkg.models:calibration")',
     )

@@ -64,6 +64,8 @@ class Coordinator:
         """What each model's exported program says of it, by model."""
         self.quantized: dict[str, str] = {}
         """What each ``int8`` variant's quantizer took, as the log says it."""
+        self.uses: dict[str, list[str]] = {}
+        """The precisions besides its own each variant computes in, where there are any."""
         self.tuner = Tuner(self)
 
     def run(self, specs: list[ModelSpec]) -> None:
@@ -209,6 +211,8 @@ class Coordinator:
         }
         if spec.name in self.quantized:
             entry["quantized"] = self.quantized[spec.name]
+        if self.uses.get(spec.name):
+            entry["uses"] = self.uses[spec.name]
         return Miss(model, exported, key, entry, backend, label)
 
     def export(self, model: Prepared) -> Any:
@@ -219,12 +223,13 @@ class Coordinator:
         for attempt in range(3):
             args, kwargs = model.plan.export_sample
             try:
-                exported, quantized = precision.export(model, args, kwargs, model.plan.dynamic_shapes)
+                exported, quantized, uses = precision.export(model, args, kwargs, model.plan.dynamic_shapes)
             except Exception as exc:
                 failure = ModelFailure("export", f"torch.export failed: {type(exc).__name__}: {exc}")
                 if attempt == 2 or not self.apply_suggested_rules(model, str(exc)):
                     raise failure from None
             else:
+                self.uses[model.spec.name] = uses
                 if quantized is not None:
                     self.quantized[model.spec.name] = quantized
                     self.emit(protocol.Info(f"{model.spec.name}: {quantized}"))

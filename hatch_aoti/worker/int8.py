@@ -2,7 +2,8 @@
 
 Linear layers are quantized dynamically (int8 weights per output channel, activations quantized per
 call), 2-D convolutions (those torchao's X86InductorQuantizer takes) statically: activations quantized
-with ranges calibrated on the model's ``calibration`` samples; without samples they stay float32.
+with ranges calibrated on the model's ``calibration`` samples; without samples they are left as they
+are (:func:`hatch_aoti.worker.precision.export` gives them the next variant's precision).
 transformers' ``Conv1D`` (GPT-2's layers: an ``addmm`` with a transposed weight) is a linear layer
 too: the program is exported from a structural copy of the module in which each is an ``nn.Linear``
 whose weight is a transposed view of the ``Conv1D``'s own, so that the quantizer takes it, while the
@@ -59,13 +60,17 @@ class Quantized:
     """Linear layers, transformers' ``Conv1D`` included."""
     conv: tuple[int, int]
     calibrated: bool
-    """Whether calibration samples were given (without them, convolutions stay float32)."""
+    """Whether calibration samples were given (without them, convolutions are not quantized)."""
+    rest: str = "float32"
+    """What the convolutions that are not quantized compute in."""
 
     def describe(self) -> str:
         """``int8: 73 of 73 linear layers, 0 of 53 convolutions (no `calibration`)``"""
         linear = f"{self.linear[0]} of {self.linear[1]} linear layer{'s' if self.linear[1] != 1 else ''}"
         conv = f"{self.conv[0]} of {self.conv[1]} convolution{'s' if self.conv[1] != 1 else ''}"
         why = " (calibrated)" if self.calibrated else " (no `calibration`)" if self.conv[1] else ""
+        if self.rest != "float32":
+            why = f"{why[:-1]}: the others compute in {self.rest}, as the next variant does)"
         return f"int8: {linear}, {conv}{why}"
 
 
@@ -77,12 +82,14 @@ def int8_program(
     calibration: list[tuple[tuple[Any, ...], dict[str, Any]]] | None,
     *,
     reduce_range: bool = False,
+    rest: torch.dtype = torch.float32,
 ) -> tuple[torch.export.ExportedProgram, Quantized]:
     """The model with int8 weights, exported: ready for ``torch._inductor.aoti_compile_and_package``
     (with freezing, which fuses the quantized patterns into int8 kernels).
 
     ``args``, ``kwargs`` and ``dynamic_shapes`` are those the float32 program was exported with;
-    ``calibration`` the samples (each ``(args, kwargs)``) that set the convolutions' activation ranges.
+    ``calibration`` the samples (each ``(args, kwargs)``) that set the convolutions' activation ranges;
+    ``rest`` what the convolutions left unquantized compute in (their weights in it, cast in and out).
     ``module`` is left as it was: its parameters are the same objects, with the same values.
     """
     prepare_pt2e, convert_pt2e, quantizer = _torchao(calibrated=bool(calibration), reduce_range=reduce_range)
@@ -96,11 +103,12 @@ def int8_program(
         for sample_args, sample_kwargs in calibration or [(args, kwargs)]:  # the weights' observers need one
             prepared(*sample_args, **sample_kwargs)
         converted = convert_pt2e(prepared)
+        cast = _convolutions_in(converted, rest) if rest != torch.float32 else 0
         _drop_unused_weights(converted)
         _contiguous_int8_weights(converted)
         program = torch.export.export(converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes)
     linear, conv = _count(program.graph, _LINEAR), _count(program.graph, _CONV)
-    return program, Quantized(linear, conv, bool(calibration))
+    return program, Quantized(linear, conv, bool(calibration), str(rest).removeprefix("torch.") if cast else "float32")
 
 
 def register_lowering() -> None:
@@ -184,6 +192,38 @@ def _as_linear(conv1d: torch.nn.Module) -> torch.nn.Linear:
     if bias is not None:
         linear.bias = bias  # type: ignore[assignment]
     return linear
+
+
+def _convolutions_in(graph: torch.fx.GraphModule, dtype: torch.dtype) -> int:
+    """Each convolution of the converted graph that was not quantized computing in ``dtype``: its input
+    cast, its weight and bias copies in ``dtype`` (the module's own are left as they are), its output
+    cast back. Done on the converted graph, since the quantizer refuses a convolution whose module
+    ends in a cast. How many there were."""
+    count = 0
+    for node in list(graph.graph.nodes):
+        weight = node.args[1] if node.op == "call_function" and node.target in _CONV else None
+        if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":  # a quantized one's is dequantized
+            continue
+        bias = node.args[2] if len(node.args) > 2 else None
+        with graph.graph.inserting_before(node):
+            x = graph.graph.call_function(torch.ops.aten.to.dtype, (node.args[0], dtype))
+            copies = [_copy_in(graph, n, dtype) if isinstance(n, torch.fx.Node) else n for n in (weight, bias)]
+        node.args = (x, *copies, *node.args[3:])
+        with graph.graph.inserting_after(node):
+            back = graph.graph.call_function(torch.ops.aten.to.dtype, (node, torch.float32))
+        node.replace_all_uses_with(back, delete_user_cb=lambda user, cast=back: user is not cast)
+        count += 1
+    graph.recompile()
+    return count
+
+
+def _copy_in(graph: torch.fx.GraphModule, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """A ``get_attr`` of a copy in ``dtype`` of the tensor ``node`` reads, held by the graph module."""
+    owner_name, _, attr = str(node.target).rpartition(".")
+    value = getattr(graph.get_submodule(owner_name), attr)
+    name = f"{str(node.target).replace('.', '_')}_{str(dtype).removeprefix('torch.')}"
+    graph.register_buffer(name, value.detach().to(dtype))
+    return graph.graph.get_attr(name)
 
 
 def _drop_unused_weights(graph: torch.fx.GraphModule) -> None:

@@ -23,6 +23,7 @@ from hatch_aoti.worker.verify import VerificationFailed, compare, copied, refere
 #: additions, embeddings) stays in float32, which keeps a variant's error near OpenVINO's mixed
 #: precision rather than a whole-model cast's (docs/performance.md#precision-variants).
 BFLOAT16_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+CONVOLUTIONS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
 #: The x86 target an int8 variant of a model built for the key's target is compiled for: Inductor's AVX2
@@ -34,7 +35,8 @@ def variants(
     model: Prepared, flags: set[str] | None = None, caps: dict[str, bool] | None = None
 ) -> tuple[list[Prepared], list[str]]:
     """One prepared model per precision the model lists, each named as its folder (``name@bfloat16``) and
-    built for its target; and what the build log says of an int8 variant's target. ``flags`` and
+    built for its target, its precision listed first, then those listed after it (what an int8 variant's
+    unquantized convolutions compute in); and what the build log says of an int8 variant's target. ``flags`` and
     ``caps``: this machine's /proc/cpuinfo flags and CPUID answers (read here where not given)."""
     from hatch_aoti.loader.host import cpu_problem, cpuid
     from hatch_aoti.loader.schema import Cpu
@@ -53,7 +55,8 @@ def variants(
                 target = wider
             else:
                 notes.append(f"{label}: {KEPT_TARGET.format(target=target, wider=wider, problem=problem)}")
-        spec = dataclasses.replace(model.spec, name=label, precision=(precision,), cpu_target=target)
+        later = model.spec.precision[model.spec.precision.index(precision) + 1 :]
+        spec = dataclasses.replace(model.spec, name=label, precision=(precision, *later), cpu_target=target)
         found.append(dataclasses.replace(model, spec=spec))
     return found, notes
 
@@ -84,24 +87,28 @@ def precision_of(model: Prepared) -> str:
     return model.spec.precision[0]
 
 
-def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tuple[Any, str | None]:
-    """The variant's exported program, and for ``int8`` what was quantized (for the log and the manifest)."""
-    precision = precision_of(model)
-    if precision == "int8":
-        from hatch_aoti.worker.int8 import int8_program
-
-        full = has_vnni()
-        program, quantized = int8_program(
-            model.module, args, kwargs, dynamic_shapes, model.calibration, reduce_range=not full
-        )
-        return program, quantized.describe() + ("" if full else NARROWED)
-    module = model.module
-    if precision == "bfloat16":
+def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tuple[Any, str | None, list[str]]:
+    """The variant's exported program; for ``int8`` what was quantized (for the log and the manifest); and
+    the precisions besides its own it computes in (the manifest's ``uses``)."""
+    precision, module = precision_of(model), model.module
+    # an int8 variant's convolutions, without samples to calibrate them on, take the next variant's precision
+    later = model.spec.precision[1:2] if precision == "int8" and not model.calibration else ()
+    convolutions = later == ("bfloat16",) and any(isinstance(m, CONVOLUTIONS) for m in module.modules())
+    if precision == "bfloat16" or convolutions:
         from hatch_aoti.worker.batchnorm import folded_batch_norms
 
         module, _ = folded_batch_norms(module, args, kwargs, dynamic_shapes)
+    if precision == "int8":
+        from hatch_aoti.worker.int8 import int8_program
+
+        full, rest = has_vnni(), torch.bfloat16 if convolutions else torch.float32
+        program, quantized = int8_program(
+            module, args, kwargs, dynamic_shapes, model.calibration, reduce_range=not full, rest=rest
+        )
+        uses = [quantized.rest] if quantized.rest != "float32" else []
+        return program, quantized.describe() + ("" if full else NARROWED), uses
     with bfloat16_layers(module) if precision == "bfloat16" else contextlib.nullcontext():
-        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes), None
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes), None, []
 
 
 def lowering_modules(model: Prepared) -> list[str]:
