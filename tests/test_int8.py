@@ -89,12 +89,40 @@ def test_linear_layers_are_quantized_dynamically_for_any_batch() -> None:
     model, x = mlp(), torch.randn(4, 32)
     before = snapshot(model)
     program, quantized = int8_program(model, (x,), {}, {"x": {0: Dim("batch", min=1, max=64)}}, None)
-    assert quantized == Quantized(linear=(3, 3), conv=(0, 0), calibrated=False)
-    assert quantized.describe() == "int8: 3 of 3 linear layers, 0 of 0 convolutions"
+    assert quantized == Quantized(linear=(3, 3), conv=(0, 0), calibrated=False, smoothed=3)
+    assert quantized.describe() == "int8: 3 of 3 linear layers (3 smoothed), 0 of 0 convolutions"
     assert_unchanged(model, before)
     for batch in (1, 7, 64):
         x = torch.randn(batch, 32)
         assert_close(program.module()(x), model(x))
+
+
+def test_smoothing_evens_out_an_outlier_channel_and_changes_nothing_in_exact_arithmetic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One input channel 100x the others, as language models' activations have: quantized per call with one
+    scale, it costs every other channel its precision unless the layer is smoothed first."""
+    from hatch_aoti.worker import int8
+    from hatch_aoti.worker.smoothing import smoothed
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(32, 64)
+    x[:, 3] *= 100
+    before = snapshot(model)
+    smooth, count = smoothed(model, [((x,), {})])
+    assert count == 2 and all(type(smooth[i]) is nn.Linear and smooth[i] is not model[i] for i in (0, 2))
+    assert_unchanged(model, before)
+    torch.testing.assert_close(smooth(x), model(x), rtol=1e-4, atol=1e-3)
+    held_out = torch.randn(32, 64)
+    held_out[:, 3] *= 100
+    errors = {}
+    for kind in ("smoothed", "plain"):
+        program, quantized = int8_program(model, (x,), {}, None, None)
+        out, ref = program.module()(held_out).double(), model(held_out).double()
+        errors[kind] = float((out - ref).norm() / ref.norm())
+        monkeypatch.setattr(int8, "smoothed", lambda module, samples: (module, 0))
+    assert errors["smoothed"] < errors["plain"] / 2, errors
 
 
 def test_the_program_holds_int8_weights_and_not_the_float32_ones() -> None:
@@ -113,8 +141,8 @@ def test_convolutions_are_quantized_statically_on_the_calibration_samples() -> N
     calibration = [((images(8, seed),), {}) for seed in range(4)]
     dynamic = {"x": {0: Dim("batch", min=1, max=32)}}
     program, quantized = int8_program(model, (images(4, 9),), {}, dynamic, calibration)
-    assert quantized == Quantized(linear=(1, 1), conv=(2, 2), calibrated=True)
-    assert quantized.describe() == "int8: 1 of 1 linear layer, 2 of 2 convolutions (calibrated)"
+    assert quantized == Quantized(linear=(1, 1), conv=(2, 2), calibrated=True, smoothed=1)
+    assert quantized.describe() == "int8: 1 of 1 linear layer (1 smoothed), 2 of 2 convolutions (calibrated)"
     assert_unchanged(model, before)  # batch norm folded into the program's weights, not the module's
     for batch, seed in ((1, 10), (5, 11), (32, 12)):
         x = images(batch, seed)
@@ -124,8 +152,8 @@ def test_convolutions_are_quantized_statically_on_the_calibration_samples() -> N
 def test_without_calibration_convolutions_stay_float32() -> None:
     model, x = conv_net(), images(4, 9)
     program, quantized = int8_program(model, (x,), {}, None, None)
-    assert quantized == Quantized(linear=(1, 1), conv=(0, 2), calibrated=False)
-    assert quantized.describe() == "int8: 1 of 1 linear layer, 0 of 2 convolutions (no `calibration`)"
+    assert quantized == Quantized(linear=(1, 1), conv=(0, 2), calibrated=False, smoothed=1)
+    assert quantized.describe() == "int8: 1 of 1 linear layer (1 smoothed), 0 of 2 convolutions (no `calibration`)"
     assert_close(program.module()(x), model(x))
 
 
@@ -153,7 +181,7 @@ def test_transformers_conv1d_layers_are_quantized_as_linear_ones() -> None:
     x, scale = torch.randn(2, 12, 32), torch.tensor(0.5)
     dynamic = {"x": {1: Dim("seq", min=2, max=128)}, "scale": None}
     program, quantized = int8_program(model, (x,), {"scale": scale}, dynamic, None)
-    assert quantized == Quantized(linear=(4, 4), conv=(0, 0), calibrated=False)  # proj is called twice
+    assert quantized == Quantized(linear=(4, 4), conv=(0, 0), calibrated=False, smoothed=3)  # proj: twice
     int8 = [t for t in program.state_dict.values() if t.dtype is torch.int8]
     assert len(int8) == 3 and all(t.is_contiguous() for t in int8), "Inductor packs strided int8 weights wrongly"
     assert_unchanged(model, before)

@@ -263,7 +263,7 @@ def test_a_build_machine_without_vnni_verifies_int8_in_7_bits(monkeypatch: pytes
         program, note, _ = precision.export(Prepared(spec, linear, None), (x,), {}, None)
         return {n.args[1:3] for n in program.graph.nodes if "choose_qparams" in str(n.target)}, note
 
-    assert ranges(True) == ({(0, 255)}, "int8: 1 of 1 linear layer, 0 of 0 convolutions")
+    assert ranges(True) == ({(0, 255)}, "int8: 1 of 1 linear layer (1 smoothed), 0 of 0 convolutions")
     found, note = ranges(False)
     assert found == {(0, 127)} and note is not None and note.endswith(precision.NARROWED)
 

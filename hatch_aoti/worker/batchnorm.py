@@ -11,11 +11,12 @@ structural copy, and the model itself, the float32 reference, is left as it was.
 from __future__ import annotations
 
 import collections
-import copy
 import operator
 from typing import Any
 
 import torch
+
+from hatch_aoti.worker.structural import replaced
 
 _CONV = {
     torch.ops.aten.conv1d.default,
@@ -36,12 +37,12 @@ def folded_batch_norms(
         return module, 0
     with torch.no_grad():
         program = torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes)
-    replaced: dict[str, torch.nn.Module] = {}
+    swaps: dict[int, torch.nn.Module] = {}
     for conv_name, norm_name in pairs(program.graph, module):
         conv, norm = module.get_submodule(conv_name), module.get_submodule(norm_name)
-        replaced[conv_name] = torch.nn.utils.fusion.fuse_conv_bn_eval(conv, norm)  # type: ignore[arg-type,type-var]
-        replaced[norm_name] = torch.nn.Identity()
-    return (_replaced(module, replaced) if replaced else module), len(replaced) // 2
+        swaps[id(conv)] = torch.nn.utils.fusion.fuse_conv_bn_eval(conv, norm)  # type: ignore[arg-type,type-var]
+        swaps[id(norm)] = torch.nn.Identity()
+    return replaced(module, swaps), len(swaps) // 2
 
 
 def pairs(graph: torch.fx.Graph, module: torch.nn.Module) -> list[tuple[str, str]]:
@@ -87,22 +88,3 @@ def _foldable(conv: torch.nn.Module, norm: torch.nn.Module) -> bool:
         and norm.running_var is not None
         and conv.weight.dtype == torch.float32
     )
-
-
-def _replaced(module: torch.nn.Module, replaced: dict[str, torch.nn.Module]) -> torch.nn.Module:
-    """``module`` with the submodules named in ``replaced`` swapped: each module on the way to one copied
-    (its own dict of submodules; parameters, buffers and hooks shared), the others shared."""
-    if "" in replaced:
-        return replaced[""]
-    changed = {}
-    for name, child in module._modules.items():
-        inner = {k[len(name) + 1 :]: v for k, v in replaced.items() if k.startswith(name + ".")}
-        if name in replaced:
-            inner[""] = replaced[name]
-        if inner and child is not None:
-            changed[name] = _replaced(child, inner)
-    if not changed:
-        return module
-    new = copy.copy(module)
-    new._modules = {**module._modules, **changed}
-    return new

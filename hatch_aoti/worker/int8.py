@@ -23,13 +23,15 @@ a program is made, never by the rest of the worker.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from hatch_aoti.worker.smoothing import smoothed
+from hatch_aoti.worker.structural import replaced
 
 INSTALL = (
     "int8 precision quantizes the model with torchao at build time: add `torchao` to `build-system.requires` "
@@ -63,10 +65,13 @@ class Quantized:
     """Whether calibration samples were given (without them, convolutions are not quantized)."""
     rest: str = "float32"
     """What the convolutions that are not quantized compute in."""
+    smoothed: int = 0
+    """How many linear layers were smoothed before they were quantized (:mod:`.smoothing`)."""
 
     def describe(self) -> str:
-        """``int8: 73 of 73 linear layers, 0 of 53 convolutions (no `calibration`)``"""
+        """``int8: 73 of 73 linear layers (73 smoothed), 0 of 53 convolutions (no `calibration`)``"""
         linear = f"{self.linear[0]} of {self.linear[1]} linear layer{'s' if self.linear[1] != 1 else ''}"
+        linear += f" ({self.smoothed} smoothed)" if self.smoothed else ""
         conv = f"{self.conv[0]} of {self.conv[1]} convolution{'s' if self.conv[1] != 1 else ''}"
         why = " (calibrated)" if self.calibrated else " (no `calibration`)" if self.conv[1] else ""
         if self.rest != "float32":
@@ -93,14 +98,14 @@ def int8_program(
     ``module`` is left as it was: its parameters are the same objects, with the same values.
     """
     prepare_pt2e, convert_pt2e, quantizer = _torchao(calibrated=bool(calibration), reduce_range=reduce_range)
+    samples = calibration or [(args, kwargs)]
+    linear_layers, smoothed_layers = smoothed(_linear_conv1d(module), samples)
     with torch.no_grad():
-        graph = torch.export.export(
-            _linear_conv1d(module), tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes
-        ).module()
+        graph = torch.export.export(linear_layers, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes).module()
         graph.graph.eliminate_dead_code()  # an unused output (BERT's pooler) is a layer with no output to annotate
         graph.recompile()
         prepared = prepare_pt2e(graph, quantizer)
-        for sample_args, sample_kwargs in calibration or [(args, kwargs)]:  # the weights' observers need one
+        for sample_args, sample_kwargs in samples:  # the weights' observers need one
             prepared(*sample_args, **sample_kwargs)
         converted = convert_pt2e(prepared)
         cast = _convolutions_in(converted, rest) if rest != torch.float32 else 0
@@ -108,7 +113,8 @@ def int8_program(
         _contiguous_int8_weights(converted)
         program = torch.export.export(converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes)
     linear, conv = _count(program.graph, _LINEAR), _count(program.graph, _CONV)
-    return program, Quantized(linear, conv, bool(calibration), str(rest).removeprefix("torch.") if cast else "float32")
+    rest_name = str(rest).removeprefix("torch.") if cast else "float32"
+    return program, Quantized(linear, conv, bool(calibration), rest_name, smoothed_layers)
 
 
 def register_lowering() -> None:
@@ -156,30 +162,12 @@ def _torchao(*, calibrated: bool, reduce_range: bool = False) -> tuple[Any, Any,
 
 def _linear_conv1d(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` with each transformers ``Conv1D`` as an ``nn.Linear`` sharing its weight (transposed) and
-    bias: a copy of the modules on the way to one, the rest (every parameter included) shared. ``module``
-    itself where it has no ``Conv1D``."""
+    bias: a structural copy, every parameter shared. ``module`` itself where it has no ``Conv1D``."""
     found = sys.modules.get("transformers.pytorch_utils")  # a model that has one has imported it
     conv1d = getattr(found, "Conv1D", None)
     if conv1d is None:
         return module
-    made: dict[int, torch.nn.Module] = {}
-
-    def walk(m: torch.nn.Module) -> torch.nn.Module:
-        if id(m) in made:  # a module used in two places stays one module
-            return made[id(m)]
-        new: torch.nn.Module = m
-        if isinstance(m, conv1d):
-            new = _as_linear(m)
-        else:
-            children = {name: walk(child) for name, child in m._modules.items() if child is not None}
-            changed = {name: child for name, child in children.items() if child is not m._modules[name]}
-            if changed:
-                new = copy.copy(m)  # its own dict of submodules; parameters, buffers and hooks shared
-                new._modules = {**m._modules, **changed}
-        made[id(m)] = new
-        return new
-
-    return walk(module)
+    return replaced(module, {id(m): _as_linear(m) for m in module.modules() if isinstance(m, conv1d)})
 
 
 def _as_linear(conv1d: torch.nn.Module) -> torch.nn.Linear:
