@@ -74,9 +74,13 @@ def _smoothed_linear(layer: torch.nn.Linear, factor: torch.Tensor) -> torch.nn.L
     divides its input first), the bias shared."""
     smooth = torch.nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
     smooth.weight = torch.nn.Parameter(layer.weight.detach() * factor, requires_grad=False)
-    smooth.bias = layer.bias  # type: ignore[assignment]
+    smooth.bias = layer.bias
     inverse = (1.0 / factor).to(layer.weight.dtype)
     smooth.register_buffer("smoothing", inverse)
     linear = type(smooth).forward.__get__(smooth)
-    smooth.forward = lambda x: linear(x * smooth.smoothing)  # type: ignore[method-assign]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return linear(x * smooth.get_buffer("smoothing"))
+
+    smooth.forward = forward  # type: ignore[method-assign,assignment]
     return smooth
