@@ -212,7 +212,8 @@ class PackedWeights:
     def unpack(self, gm: Any) -> None:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
         tensor that is also a constant of its own, or packed twice, is not packed again at load
-        where the model runs without it: the library may hold it once, for every use. A strided one
+        where the model runs without it: the library may hold it once, for every use (where it
+        cannot, a copy of its own is). A strided one
         (a transposed weight) that is not also a constant of its own ships contiguous, one copy per
         source; the model compiles with those copies beside the weights."""
         named = {_place(v): n for n, _, _, v in _constants(gm) if v is not None and not getattr(v, "is_mkldnn", False)}
@@ -241,6 +242,9 @@ class PackedWeights:
                 if place not in copies:
                     copies[place] = dense.contiguous()
                 dense = copies[place]
+                place = _place(dense)
+            elif place in plain and known is not None and known.required:  # packed at load: not the plain one
+                dense = dense.clone()
                 place = _place(dense)
             setattr(holder, attr, dense)
             if known is not None and args is not None and (place not in plain or known.required):

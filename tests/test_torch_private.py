@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from conftest import REPO
 
 from hatch_aoti import _torch_private
+from hatch_aoti.loader.packing import OPS
 
 #: Run in a torch environment with hatch-aoti's modules on the path: one JSON line of what each touch did.
 PROBE = """
@@ -78,7 +79,8 @@ root = torch.nn.Module()
 weight = torch.randn(8, 3, 3, 3)
 root.register_buffer("w", weight)
 gm = torch.fx.GraphModule(root, graph)
-with private.packed_weights(frozenset({"mkldnn::_reorder_convolution_weight"})) as packed:
+from hatch_aoti.loader.packing import OPS
+with private.packed_weights(OPS) as packed:
     constant_fold(gm)
     (name,) = [n.target for n in gm.graph.find_nodes(op="get_attr") if getattr(gm, n.target).is_mkldnn]
     config.post_grad_custom_post_pass(gm.graph)
@@ -87,6 +89,16 @@ found["packed_weights"] = (
     torch.equal(getattr(gm, name), weight) and ConstantFolder.run_node is run_node
     and config.post_grad_custom_post_pass is no_pass
     and replay == {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8]]}
+)
+from types import SimpleNamespace
+from torch._inductor.graph import GraphLowering
+allocate = GraphLowering.allocate_non_dup_const_name
+lowering = SimpleNamespace(constants={}, constant_reprs={}, allocated_constant_name={}, qualify_name=lambda n: n)
+with private.distinct_constant_names():  # two constants a lowering names alike, as oneDNN's int8 ones are
+    made = [GraphLowering.allocate_non_dup_const_name(lowering, "x_scale", torch.tensor(v)) for v in (1.0, 2.0)]
+found["distinct_constant_names"] = (
+    GraphLowering.allocate_non_dup_const_name is allocate and made == ["x_scale", "x_scale_0"]
+    and lowering.allocated_constant_name == {"x_scale": "x_scale", "x_scale_0": "x_scale_0"}
 )
 print(json.dumps(found))
 """
@@ -110,6 +122,7 @@ def expected(version: str) -> dict[str, object]:
         "release_trace",
         "packed_weights",
         "keep_gelu_apart",
+        "distinct_constant_names",
     )
     return {"torch": version, **dict.fromkeys(touches, True)}
 
@@ -147,7 +160,7 @@ def _folded(transposed: bool = False, shared: bool = False) -> tuple[torch.fx.Gr
     root = torch.nn.Module()
     root.register_buffer("w", torch.randn(3, 8, 3, 3) if transposed else torch.randn(8, 3, 3, 3))
     gm = torch.fx.GraphModule(root, graph)
-    with _torch_private.packed_weights(frozenset({"mkldnn::_reorder_convolution_weight"})) as packed:
+    with _torch_private.packed_weights(OPS) as packed:
         constant_fold(gm)
         torch._inductor.config.post_grad_custom_post_pass(gm.graph)
     return gm, packed
@@ -181,7 +194,7 @@ def test_a_linear_weight_packed_from_its_transpose_ships_contiguous() -> None:
     root = torch.nn.Module()
     root.register_buffer("w", torch.randn(16, 8))
     gm = torch.fx.GraphModule(root, graph)
-    with _torch_private.packed_weights(frozenset()):
+    with _torch_private.packed_weights({}):
         constant_fold(gm)
         torch._inductor.config.post_grad_custom_post_pass(gm.graph)
     (node,) = gm.graph.find_nodes(op="get_attr")
@@ -204,7 +217,7 @@ def _linear_folded(tied: bool) -> Any:
     root = torch.nn.Module()
     root.register_buffer("w", torch.randn(16, 8))
     gm = torch.fx.GraphModule(root, graph)
-    with _torch_private.packed_weights(frozenset({"mkldnn::_reorder_linear_weight"})) as packed:
+    with _torch_private.packed_weights(OPS) as packed:
         constant_fold(gm)
         torch._inductor.config.post_grad_custom_post_pass(gm.graph)
     return packed
@@ -218,7 +231,7 @@ def test_a_tied_linear_weight_is_not_packed_at_load() -> None:
 
 
 def test_packed_weights_that_the_pass_never_saw_fail_the_compile() -> None:
-    packed = _torch_private.PackedWeights(frozenset())
+    packed = _torch_private.PackedWeights({})
     packed.made[0] = _torch_private.Packing(None, None, None, None)
     with pytest.raises(RuntimeError, match="never ran the pass"):
         packed.check()
@@ -242,3 +255,54 @@ def test_each_inductor_backend_prepares_its_process_before_it_compiles(
     request = backends.Request("m", None, {}, tmp_path / "out", tmp_path / "work")  # type: ignore[arg-type]
     with pytest.raises(Prepared):
         backends.get(backend).compile(request)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_int8_weight_ships_transposed_and_is_always_packed_at_load(tied: bool) -> None:
+    """oneDNN's int8 linear kernel takes only a packed weight, packed from (out, in) into the transposed
+    shape: the library holds it dense in that shape, and the loader packs it whatever else uses it."""
+    from torch._inductor.constant_folding import constant_fold
+
+    graph, onednn = torch.fx.Graph(), torch.ops.onednn
+    x, w, scales, zeros = (graph.placeholder("x"), graph.get_attr("w"), graph.get_attr("s"), graph.get_attr("z"))
+    packed_w = graph.call_function(onednn.qlinear_prepack.default, (w, None))
+    call = (x, 0.1, 0, packed_w, scales, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+    out = graph.call_function(onednn.qlinear_pointwise.default, call)
+    graph.output((out, w) if tied else out)
+    root = torch.nn.Module()
+    root.register_buffer("w", torch.randint(-127, 127, (16, 8), dtype=torch.int8))
+    root.register_buffer("s", torch.full((16,), 0.01))
+    root.register_buffer("z", torch.zeros(16, dtype=torch.int64))
+    gm = torch.fx.GraphModule(root, graph)
+    with _torch_private.packed_weights(OPS) as packed:
+        constant_fold(gm)
+        torch._inductor.config.post_grad_custom_post_pass(gm.graph)
+    (name,) = packed.replays
+    assert packed.replays[name] == {"op": "onednn::qlinear_prepack", "args": [None]}
+    shipped = getattr(gm, name)
+    assert not shipped.is_mkldnn and shipped.is_contiguous() and shipped.shape == (8, 16)
+    assert torch.equal(shipped, root.w.t()) and shipped.untyped_storage().data_ptr() != root.w.data_ptr()
+
+
+def test_an_int8_convolution_weight_used_plainly_too_ships_a_copy_packed_at_load() -> None:
+    """The packing's tensor arguments (the weight's scales) are recorded as the constants they are."""
+    from torch._inductor.constant_folding import constant_fold
+
+    graph, onednn = torch.fx.Graph(), torch.ops.onednn
+    x, w, scales, zeros = (graph.placeholder("x"), graph.get_attr("w"), graph.get_attr("s"), graph.get_attr("z"))
+    conv = ([1, 1], [1, 1], [1, 1], 1)
+    packed_w = graph.call_function(onednn.qconv_prepack.default, (w, scales, 0.1, 0, *conv, None))
+    call = (x, 0.1, 0, packed_w, scales, zeros, None, *conv, 1.0, 0, torch.float32, "none", [], "")
+    graph.output((graph.call_function(onednn.qconv_pointwise.default, call), w))
+    root = torch.nn.Module()
+    root.register_buffer("w", torch.randint(-127, 127, (4, 3, 3, 3), dtype=torch.int8))
+    root.register_buffer("s", torch.full((4,), 0.01))
+    root.register_buffer("z", torch.zeros(4, dtype=torch.int64))
+    gm = torch.fx.GraphModule(root, graph)
+    with _torch_private.packed_weights(OPS) as packed:
+        constant_fold(gm)
+        torch._inductor.config.post_grad_custom_post_pass(gm.graph)
+    (name,) = packed.replays
+    assert packed.replays[name] == {"op": "onednn::qconv_prepack", "args": [{"constant": "s"}, 0.1, 0, *conv, None]}
+    shipped = getattr(gm, name)
+    assert torch.equal(shipped, root.w) and shipped.untyped_storage().data_ptr() != root.w.data_ptr()
