@@ -99,13 +99,16 @@ def distinct_constant_names() -> Iterator[None]:
     ``GraphLowering.allocate_non_dup_const_name`` records the name asked for as the original one."""
     from torch._inductor.graph import GraphLowering
 
-    allocate = GraphLowering.allocate_non_dup_const_name
+    allocate = getattr(GraphLowering, "allocate_non_dup_const_name", None)
+    if allocate is None:  # another torch: its names as they are
+        yield
+        return
 
     def allocating(self: Any, name: str | None, data: Any) -> str:
-        taken = set(self.allocated_constant_name.values())
+        known, taken = set(self.constants), set(self.allocated_constant_name.values())
         made = allocate(self, name, data)
-        if made != name and self.allocated_constant_name.get(made) in taken:
-            self.allocated_constant_name[made] = made
+        if made not in known and made != name and self.allocated_constant_name.get(made) in taken:
+            self.allocated_constant_name[made] = made  # a new constant, not one it found again
         return made
 
     GraphLowering.allocate_non_dup_const_name = allocating  # type: ignore[method-assign]
@@ -166,8 +169,9 @@ def _prefix_maps(maps: dict[str, str]) -> list[str]:
 
 
 class Packing(NamedTuple):
-    """One packed tensor Inductor folded: the dense tensor it came from (None where it did not come
-    from one alone), the op (None for ops that pack several at once) and the op's other arguments."""
+    """One packed tensor Inductor folded: the dense tensor it ships as (the one it came from, or its
+    transpose for an op that packs a weight into the transposed shape; None where it did not come from
+    one alone), the op (None for ops that pack several at once) and the op's other arguments."""
 
     packed: Any
     dense: Any
@@ -212,10 +216,12 @@ class PackedWeights:
     def unpack(self, gm: Any) -> None:
         """Each packed constant of ``gm`` replaced by the dense tensor it was packed from. A dense
         tensor that is also a constant of its own, or packed twice, is not packed again at load
-        where the model runs without it: the library may hold it once, for every use (where it
-        cannot, a copy of its own is). A strided one
+        where the model runs without it: the library holds it once, for every use. Where it runs
+        only packed (int8), each packed constant gets a copy of its own instead. A strided one
         (a transposed weight) that is not also a constant of its own ships contiguous, one copy per
         source; the model compiles with those copies beside the weights."""
+        import torch
+
         named = {_place(v): n for n, _, _, v in _constants(gm) if v is not None and not getattr(v, "is_mkldnn", False)}
         plain = set(named)
         copies: dict[tuple[Any, ...], Any] = {}  # by place of a strided source: its one contiguous copy
@@ -238,16 +244,17 @@ class PackedWeights:
                     "inductor-configs"
                 )
             place = _place(dense)
+            required = known is not None and known.required
             if not dense.is_contiguous() and place not in plain:  # the library would copy it per call
                 if place not in copies:
                     copies[place] = dense.contiguous()
                 dense = copies[place]
                 place = _place(dense)
-            elif place in plain and known is not None and known.required:  # packed at load: not the plain one
-                dense = dense.clone()
+            if required and place in plain:  # packed at load: a tensor of its own, which Inductor keeps apart
+                dense = dense.clone(memory_format=torch.contiguous_format)
                 place = _place(dense)
             setattr(holder, attr, dense)
-            if known is not None and args is not None and (place not in plain or known.required):
+            if known is not None and args is not None and (place not in plain or required):
                 self.replays[name] = {"op": found.op, "args": args}
             plain.add(place)
         self.made.clear()  # the packed tensors, no longer in the graph
@@ -315,8 +322,13 @@ def _constants(gm: Any) -> Iterator[tuple[str, Any, str, Any]]:
 
 
 def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] | None:
-    """The arguments as JSON values (tuples as lists, a tensor as ``{"constant": name}`` where it is one
-    of ``named``), or None where one is not (a symbolic size, a tensor of no constant)."""
+    """The arguments as JSON values (tuples as lists; a tensor as ``{"values": [...], "dtype": ...}`` where
+    it is small, else ``{"constant": name}`` where it is one of ``named``), or None where one is not (a
+    symbolic size, a tensor of no constant)."""
+    import torch
+
+    from hatch_aoti.loader import packing  # what the loader reads back
+
     out: list[Any] = []
     for arg in args:
         if isinstance(arg, (list, tuple)):
@@ -326,11 +338,23 @@ def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] 
             out.append(inner)
         elif arg is None or type(arg) in (bool, int, float, str):
             out.append(arg)
+        elif _small(arg, torch, packing.BY_VALUE, packing.VALUE_DTYPES):  # Inductor writes those into its code
+            out.append({"values": arg.reshape(-1).tolist(), "dtype": str(arg.dtype).removeprefix("torch.")})
         elif _place(arg) in named and len(_place(arg)) > 1:
             out.append({"constant": named[_place(arg)]})
         else:
             return None
     return out
+
+
+def _small(arg: Any, torch: Any, most: int, dtypes: tuple[str, ...]) -> bool:
+    return (
+        isinstance(arg, torch.Tensor)
+        and arg.dim() <= 1
+        and arg.numel() <= most
+        and str(arg.dtype).removeprefix("torch.") in dtypes
+        and bool(torch.isfinite(arg).all())
+    )
 
 
 @contextlib.contextmanager

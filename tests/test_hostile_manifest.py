@@ -42,6 +42,7 @@ def good() -> dict[str, Any]:
         "packing": {
             "w": {"op": "mkldnn::_reorder_convolution_weight", "args": [[1, 1], [0, 0], 1]},
             "q": {"op": "onednn::qconv_prepack", "args": [{"constant": "_scale_0"}, 0.5, 0, [1], [1], [1], 1, None]},
+            "n": {"op": "onednn::qconv_prepack", "args": [{"values": [0.5], "dtype": "float32"}, 0.5, 0, [1], 1]},
         },
         "call_spec": ["[]", "[]"],
         "weights": {
@@ -92,6 +93,10 @@ HOSTILE = {
     "packing args": ("packing.w.args", [{"a": 1}], "`packing` has a weight"),
     "packing constant": ("packing.w.args", [{"constant": 1}], "`packing` has a weight"),
     "packing known op": ("packing.w.op", "aten::empty", "`packing` has a weight"),
+    "packing op a list": ("packing.w.op", ["mkldnn::_reorder_convolution_weight"], "`packing` has a weight"),
+    "packing values dtype": ("packing.w.args", [{"values": [1.0], "dtype": "qint8"}], "`packing` has a weight"),
+    "packing values": ("packing.w.args", [{"values": ["1e9"], "dtype": "float32"}], "`packing` has a weight"),
+    "packing many values": ("packing.w.args", [{"values": [1.0] * 65, "dtype": "float32"}], "`packing` has a"),
     "place offset": ("weights.tensors.w.offset", "0", "`weights.tensors` places 'w'"),
     "external size code": (
         "weights.external",

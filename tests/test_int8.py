@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -198,15 +197,46 @@ def conv1d_block() -> nn.Module:
     return Block(transformers.Conv1D).eval()
 
 
+class Narrow(nn.Module):
+    """A convolution of 8 output channels, whose weight scales Inductor writes into its code rather than
+    keeping them as a constant of the library, then a wider one and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow, self.bn, self.wide = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Conv2d(8, 16, 3)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return self.head(torch.relu(self.wide(torch.relu(self.bn(self.narrow(x))))).mean((2, 3)))
+
+
+def compiled_as_shipped(program: Any, tmp_path: Path) -> tuple[dict[str, Any], Any]:
+    """``program`` compiled as a wheel ships it (frozen, prepacked, weights mapped, packings recorded) and
+    loaded as the loader does: the weights file mapped, the int8 weights packed for this CPU."""
+    from hatch_aoti.backends import aoti
+    from hatch_aoti.loader import packing
+    from hatch_aoti.loader.runtime import opened
+    from hatch_aoti.loader.weights import mapped
+
+    configs = {**aoti.WHEEL_DEFAULTS, **aoti.FAST_DEFAULTS, **aoti.MAPPED_WEIGHTS}
+    entry = aoti.compile_program(program, tmp_path / "out", configs, tmp_path / "work")
+    runner = opened(torch, "m", str(tmp_path / "out" / entry["file"]), "cpu", torch.__version__)
+    weights = mapped(torch, "m", entry, str(tmp_path / "out"), runner.get_constant_names_to_original_fqns())
+    weights.update(packing.packed(torch, "m", packing.chosen(entry), lambda: (weights, None)))
+    runner.update_constant_buffer(weights, False, True, True)
+    return entry, lambda *args, **kwargs: runner.run([*args, *kwargs.values()])[0]
+
+
 @pytest.mark.integration  # compiles (about 40 s each on 2 cores)
 @pytest.mark.heavy
 @pytest.mark.parametrize("kind", ["convolutions", "conv1d"])
-def test_the_program_compiles_to_int8_kernels_with_aoti_and_matches(kind: str, tmp_path: Path) -> None:
+def test_the_program_compiles_to_int8_kernels_ships_its_weights_dense_and_matches(kind: str, tmp_path: Path) -> None:
     if kind == "convolutions":
-        model, calibration = conv_net(), [((images(8, seed),), {}) for seed in range(2)]
+        torch.manual_seed(0)
+        model, calibration = Narrow().eval(), [((images(8, seed),), {}) for seed in range(2)]
         example, dynamic = ((images(4, 9),), {}), {"x": {0: Dim("batch", min=1, max=16)}}
         calls = [((images(1, 10),), {}), ((images(16, 11),), {})]
-        kernels = ["_qlinear_pointwise", "_qconv_pointwise"]
+        kernels = {"onednn::qlinear_prepack": 1, "onednn::qconv_prepack": 2}
     else:  # GPT-2's layers, whose int8 weights come from transposed ones
         model, calibration, scale = conv1d_block(), None, torch.tensor(0.5)
         example, dynamic = (
@@ -214,22 +244,22 @@ def test_the_program_compiles_to_int8_kernels_with_aoti_and_matches(kind: str, t
             {"x": {1: Dim("seq", min=2, max=64)}, "scale": None},
         )
         calls = [((torch.randn(2, seq, 32),), {"scale": scale}) for seq in (2, 64)]
-        kernels = ["_qlinear_pointwise"]
+        kernels = {"onednn::qlinear_prepack": 2}  # proj, called twice, runs on its weight dequantized
     # as the build quantizes: without VNNI, whose full-range products saturate, in 7 bits
     program, _ = int8_program(model, *example, dynamic, calibration, reduce_range=not has_vnni())
     register_lowering()  # done by int8_program already: a second call changes nothing
-    with torch.no_grad():  # as the build compiles: Inductor freezes only where no gradient can be asked for
-        package = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(tmp_path / "int8.pt2"), inductor_configs={"freezing": True}
-        )
-    with zipfile.ZipFile(package) as zf:
-        code = "".join(zf.read(n).decode() for n in zf.namelist() if n.endswith("wrapper.cpp"))
-    assert all(kernel in code for kernel in kernels), "not lowered to oneDNN's int8 kernels"
-    compiled = torch._inductor.aoti_load_package(package)
-    for args, kwargs in calls:
-        expected = model(*args, **kwargs)
-        assert_close(compiled(*args, **kwargs), expected)
-        assert_close(compiled(*args, **kwargs), program.module()(*args, **kwargs))
+    entry, compiled = compiled_as_shipped(program, tmp_path / kind)  # a path no loaded library had
+    recorded = [how["op"] for how in entry["packing"].values()]
+    assert {op: recorded.count(op) for op in set(recorded)} == kernels, entry["packing"]
+    assert any(t["dtype"] == "int8" for t in entry["weights"]["tensors"].values()), "int8 weights mapped, dense"
+    tensors = [a for how in entry["packing"].values() for a in how["args"] if isinstance(a, dict)]
+    if kind == "convolutions":  # the narrow one's weight scales are in the library's code: recorded by value
+        assert any("values" in a for a in tensors), entry["packing"]
+    with torch.no_grad():
+        for args, kwargs in calls:
+            expected = model(*args, **kwargs)
+            assert_close(compiled(*args, **kwargs), expected)
+            assert_close(compiled(*args, **kwargs), program.module()(*args, **kwargs))
 
 
 def test_a_saved_program_loads_where_the_lowering_is_registered(tmp_path: Path) -> None:

@@ -167,6 +167,9 @@ def test_weights_the_loader_cannot_pack_run_dense_with_a_warning_unless_they_run
     with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its weights for this CPU"):
         assert loader.packing.packed(torch, "m", broken, dense) == {}
     int8 = {"op": "onednn::qconv_prepack", "args": [{"constant": "s"}, 1.0, 0, [1, 1], [1, 1], [1, 1], 1, None]}
+    assert loader.packing.packed(torch, "m", {"q": int8}, dense)["q"].is_mkldnn
+    by_value = {**int8, "args": [{"values": [1.0] * 4, "dtype": "float32"}, *int8["args"][1:]]}
+    assert loader.packing.packed(torch, "m", {"q": by_value}, dense)["q"].is_mkldnn
     with pytest.raises(RuntimeError, match=r"'m': .* could not pack its weight q \(onednn::qconv_prepack\)"):
         loader.packing.packed(torch, "m", {**good, "q": {**int8, "args": []}}, dense)
     with pytest.raises(RuntimeError, match="mkldnn::no_such_packing is not a packing op this loader runs"):

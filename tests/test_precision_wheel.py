@@ -193,7 +193,8 @@ def test_each_variant_is_built_verified_and_matches_eager_in_a_fresh_venv(
     assert ops == ["onednn::qconv_prepack"] * 2 + ["onednn::qlinear_prepack"] * 3, ops
     # int8 weights run only packed: packed even where HATCH_AOTI_PACK asks for nothing to be
     found = in_site(runtime, precision_site, env={"HATCH_AOTI_PACK": "none"})
-    assert "int8 variant's weights are packed for this CPU as it loads" in found["save_int8"]
+    if runs_here(precision_site, "int8"):  # elsewhere it is refused for the CPU first
+        assert "int8 variant's weights are packed for this CPU as it loads" in found["save_int8"]
     assert found["info"]["variants"] == ["bfloat16", "int8", "float32"]
     limits = {"bfloat16": 0.02, "int8": 0.1, "float32": 1e-4}
     for precision, runs in found["variants"].items():

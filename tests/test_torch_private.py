@@ -284,8 +284,10 @@ def test_an_int8_weight_ships_transposed_and_is_always_packed_at_load(tied: bool
     assert torch.equal(shipped, root.w.t()) and shipped.untyped_storage().data_ptr() != root.w.data_ptr()
 
 
-def test_an_int8_convolution_weight_used_plainly_too_ships_a_copy_packed_at_load() -> None:
-    """The packing's tensor arguments (the weight's scales) are recorded as the constants they are."""
+@pytest.mark.parametrize("channels", [4, 128])
+def test_an_int8_convolution_weight_used_plainly_too_ships_a_copy_packed_at_load(channels: int) -> None:
+    """The packing's tensor argument (the weight's scales) is recorded by value where Inductor writes it into
+    its code (a few channels), else as the constant it is."""
     from torch._inductor.constant_folding import constant_fold
 
     graph, onednn = torch.fx.Graph(), torch.ops.onednn
@@ -295,14 +297,15 @@ def test_an_int8_convolution_weight_used_plainly_too_ships_a_copy_packed_at_load
     call = (x, 0.1, 0, packed_w, scales, zeros, None, *conv, 1.0, 0, torch.float32, "none", [], "")
     graph.output((graph.call_function(onednn.qconv_pointwise.default, call), w))
     root = torch.nn.Module()
-    root.register_buffer("w", torch.randint(-127, 127, (4, 3, 3, 3), dtype=torch.int8))
-    root.register_buffer("s", torch.full((4,), 0.01))
-    root.register_buffer("z", torch.zeros(4, dtype=torch.int64))
+    root.register_buffer("w", torch.randint(-127, 127, (channels, 3, 3, 3), dtype=torch.int8))
+    root.register_buffer("s", torch.full((channels,), 0.5))
+    root.register_buffer("z", torch.zeros(channels, dtype=torch.int64))
     gm = torch.fx.GraphModule(root, graph)
     with _torch_private.packed_weights(OPS) as packed:
         constant_fold(gm)
         torch._inductor.config.post_grad_custom_post_pass(gm.graph)
     (name,) = packed.replays
-    assert packed.replays[name] == {"op": "onednn::qconv_prepack", "args": [{"constant": "s"}, 0.1, 0, *conv, None]}
+    scale = {"values": [0.5] * channels, "dtype": "float32"} if channels <= 64 else {"constant": "s"}
+    assert packed.replays[name] == {"op": "onednn::qconv_prepack", "args": [scale, 0.1, 0, *conv, None]}
     shipped = getattr(gm, name)
     assert torch.equal(shipped, root.w) and shipped.untyped_storage().data_ptr() != root.w.data_ptr()

@@ -9,7 +9,7 @@ from typing import Any
 
 from .host import check_symbols, damaged, problems
 from .inputs import describe, exported_layout, fits, tensor_check, unsafe_writes
-from .packing import chosen, packed, runs_dense
+from .packing import chosen, packed, required, runs_dense
 from .runtime import opened
 from .schema import Entry, Output, Parameter, folder_of, precision_of
 from .specs import children, treespec
@@ -90,6 +90,12 @@ class Model:
             constants = self.runner.get_constant_names_to_original_fqns() if needs_names else {}
             if "weights" in entry:
                 self.weights = mapped(torch, self.name, entry, self.directory, constants)
+            lost = [c for c, how in packs.items() if c not in constants and required(how)]
+            if lost:  # its kernel would read the dense weight, which it cannot
+                raise RuntimeError(
+                    f"compiled model {self.name!r}: its library has no weight {lost[0]} to pack, and runs only "
+                    "with it packed; the install is damaged (reinstall the package)"
+                )
             packs = {c: how for c, how in packs.items() if c in constants}
             repacked = packed(torch, self.name, packs, self._dense) if packs else {}
             if self.weights is not None or repacked:  # the mapped weights, the packed ones in their place

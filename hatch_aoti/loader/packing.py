@@ -64,7 +64,18 @@ def packed(torch: Any, name: str, packing: dict[str, Any], dense: Callable[[], t
     """The weights of ``packing`` packed into oneDNN's layouts for this CPU, by constant name: the wheel
     ships them dense. A torch that cannot pack the optional ones runs them dense, with a warning; one
     that cannot pack a required one cannot run the model."""
-    weights, _owner = dense()  # the owner keeps them alive while they are packed
+    try:
+        weights, _owner = dense()  # the owner keeps them alive while they are packed
+    except Exception as exc:
+        if any(required(how) for how in packing.values()):
+            raise RuntimeError(f"compiled model {name!r}: cannot read its weights to pack them ({exc})") from None
+        warnings.warn(
+            f"compiled model {name!r}: cannot read its weights to pack them for this CPU ({type(exc).__name__}: "
+            f"{exc}); they run dense, convolutions reordered on every call",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return {}
     found = {}
     for constant, how in sorted(packing.items(), key=lambda item: not required(item[1])):
         try:
@@ -85,15 +96,30 @@ def packed(torch: Any, name: str, packing: dict[str, Any], dense: Callable[[], t
     return found
 
 
+#: The dtypes of the small tensors a packing's arguments hold by value, and how many values at most.
+VALUE_DTYPES = ("float32", "float64", "int32", "int64")
+BY_VALUE = 64
+
+
 def replay(torch: Any, how: Packing, weight: Any, weights: dict[str, Any]) -> Any:
-    """One weight packed as the build recorded it; an argument ``{"constant": name}`` is that constant."""
+    """One weight packed as the build recorded it; an argument ``{"constant": name}`` is that constant,
+    ``{"values": [...], "dtype": ...}`` a small tensor of those values."""
     if how["op"] not in OPS:
         raise ValueError(f"{how['op']} is not a packing op this loader runs")
     namespace, _, op = how["op"].partition("::")
     if OPS[how["op"]].transposed:
         weight = weight.t().contiguous()
-    args = [weights[a["constant"]] if isinstance(a, dict) else a for a in how["args"]]
-    return getattr(getattr(torch.ops, namespace), op)(weight, *args)
+    return getattr(getattr(torch.ops, namespace), op)(weight, *[_argument(torch, a, weights) for a in how["args"]])
+
+
+def _argument(torch: Any, arg: Any, weights: dict[str, Any]) -> Any:
+    if not isinstance(arg, dict):
+        return arg
+    if "constant" in arg:
+        return weights[arg["constant"]]
+    if arg.get("dtype") not in VALUE_DTYPES:
+        raise ValueError(f"a packing argument of dtype {arg.get('dtype')!r}")
+    return torch.tensor(arg["values"], dtype=getattr(torch, arg["dtype"]))
 
 
 def runs_dense(entry: Entry) -> bool:

@@ -115,7 +115,8 @@ class Weights(TypedDict, total=False):
 
 class Packing(TypedDict):
     """A weight the loader packs for this CPU: the packing op (``namespace::name``, one of ``packing.OPS``)
-    and its other arguments, each a JSON value or ``{"constant": name}`` (another of the model's weights)."""
+    and its other arguments, each a JSON value, ``{"constant": name}`` (another of the model's weights) or
+    ``{"values": [...], "dtype": name}`` (a small tensor, which the library holds in its code)."""
 
     op: str
     args: list[Any]

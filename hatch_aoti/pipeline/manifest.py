@@ -10,7 +10,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hatch_aoti.loader.packing import OPS
+from hatch_aoti.loader.packing import BY_VALUE, OPS, VALUE_DTYPES
 from hatch_aoti.loader.schema import ARTIFACT_DIR, FORMAT, MANIFEST, PRECISIONS, Manifest, precision_of
 
 #: What every model entry has, and the type of each (manifest format 2).
@@ -294,7 +294,8 @@ def _other_problem(entry: dict[str, Any]) -> str | None:
     packing = entry.get("packing", {})
     if not isinstance(packing, dict) or not all(
         isinstance(how, dict)
-        and how.get("op") in OPS
+        and isinstance(how.get("op"), str)
+        and how["op"] in OPS
         and isinstance(how.get("args"), list)
         and all(_plain(a) or _constant(a) for a in how["args"])
         for how in packing.values()
@@ -307,9 +308,20 @@ def _other_problem(entry: dict[str, Any]) -> str | None:
 
 
 def _constant(value: Any) -> bool:
-    """``{"constant": name}``: another of the model's weights."""
-    name = value.get("constant") if isinstance(value, dict) and len(value) == 1 else None
-    return isinstance(name, str) and bool(_NAME.fullmatch(name))
+    """``{"constant": name}``, another of the model's weights, or ``{"values": [...], "dtype": name}``, a
+    small tensor's values."""
+    if not isinstance(value, dict):
+        return False
+    if list(value) == ["constant"]:
+        return isinstance(value["constant"], str) and bool(_NAME.fullmatch(value["constant"]))
+    values = value.get("values")
+    return (
+        sorted(value) == ["dtype", "values"]
+        and value["dtype"] in VALUE_DTYPES
+        and isinstance(values, list)
+        and len(values) <= BY_VALUE
+        and all(type(v) in (int, float) and math.isfinite(v) for v in values)
+    )
 
 
 def _plain(value: Any) -> bool:

@@ -133,7 +133,8 @@ class Coordinator:
         facts = self.facts[spec.name] = program_facts(exported)
         spec = model.spec = resolved_weights(model.spec, facts)
         settings = backend.settings(model.user_configs, cpu, spec, facts)
-        if spec.precision[0] == "int8" and spec.weights != "embedded" and not packs_weights(settings):
+        packed_in_library = settings.get("freezing") and not packs_weights(settings)  # by torchao's passes
+        if spec.precision[0] == "int8" and spec.weights != "embedded" and packed_in_library:
             self.emit(protocol.Info(f"{spec.name}: {INT8_WEIGHTS.format(spec.weights)}"))
             spec = model.spec = dataclasses.replace(spec, weights="embedded", weights_url=None)
             settings = backend.settings(model.user_configs, cpu, spec, facts)
@@ -504,8 +505,9 @@ FOREIGN_CONTAINERS = (
 
 
 INT8_WEIGHTS = (
-    "its weights are in the library, not {} (`weights`): it compiles without `cpp.weight_prepack`, so "
-    "oneDNN packs its int8 weights as it compiles, into tensors that only the library can hold"
+    "its weights are in the library, not {} (`weights`): it freezes without `cpp.weight_prepack` (set in "
+    "`inductor-configs`, or off for transposed convolutions), so oneDNN packs its int8 weights as it "
+    "compiles, into tensors that only the library can hold"
 )
 
 
