@@ -222,6 +222,7 @@ HOOK = """
     [tool.hatch.build.targets.wheel.hooks.aoti.models.mlp]
     factory = "tunepkg.models:mlp"
     inputs = [{ shape = [8, 64] }]
+    precision = ["bfloat16", "float32"]  # each variant tuned on its own
 """
 
 
@@ -240,11 +241,13 @@ def test_a_tuned_build_times_every_candidate_and_keeps_one(
     import torch
 
     project, wheel, log = tuned_build
-    assert "aoti: mlp: tuning 4 candidates: defaults, cpp-gemm, concat-linear, no-freezing" in log, log
-    for name in ("defaults", "cpp-gemm", "concat-linear", "no-freezing"):
-        assert re.search(rf"^aoti: mlp: candidate {name}: [0-9.]+ ms per call, verified$", log, re.M), log
-    assert re.search(r"^aoti: \[1/1\] mlp: timing its candidates$", log, re.M), log
-    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 compiled\)$", log, re.M), log
+    for label in ("mlp@bfloat16", "mlp"):  # each variant tuned on its own
+        assert f"aoti: {label}: tuning 4 candidates: defaults, cpp-gemm, concat-linear, no-freezing" in log, log
+        for name in ("defaults", "cpp-gemm", "concat-linear", "no-freezing"):
+            assert re.search(rf"^aoti: {label}: candidate {name}: [0-9.]+ ms per call, verified$", log, re.M), log
+        assert re.search(rf"^aoti: \[1/1\] {label}: timing its candidates$", log, re.M), log
+        assert re.search(rf"^aoti: {label}: tuned: kept [a-z-]+ \(times taken on this machine\)$", log, re.M), log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(2 variants: 2 compiled\)$", log, re.M), log
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
@@ -262,12 +265,16 @@ def test_a_tuned_build_times_every_candidate_and_keeps_one(
         import json, sys; sys.path.insert(0, {str(site)!r})
         import torch
         from tunepkg import compiled
-        y = compiled.load("mlp")(torch.load({str(tmp_path / "x.pt")!r}))
+        y = compiled.load("mlp", precision="float32")(torch.load({str(tmp_path / "x.pt")!r}))
         torch.save(y, {str(tmp_path / "y.pt")!r})
-        print(json.dumps(compiled.info("mlp")["tuning"]))
+        print(json.dumps(compiled.info("mlp", precision="float32")["tuning"]))
         """
     )
     assert f"aoti: mlp: tuned: kept {result['chosen']} (times taken on this machine)" in log
+    manifest = json.loads((site / "tunepkg" / "_aoti" / "manifest.json").read_text(encoding="utf-8"))
+    bfloat16 = manifest["models"]["mlp"]  # listed first
+    assert bfloat16["precision"] == "bfloat16" and bfloat16["variants"][0]["precision"] == "float32"
+    assert f"aoti: mlp@bfloat16: tuned: kept {bfloat16['tuning']['chosen']} (times taken" in log
     assert [r["candidate"] for r in result["candidates"]] == ["defaults", "cpp-gemm", "concat-linear", "no-freezing"]
     times = {r["candidate"]: r["ms"] for r in result["candidates"]}
     assert times[result["chosen"]] == min(times.values()) and all(t > 0 for t in times.values()), result
@@ -281,13 +288,14 @@ def test_a_tuned_rebuild_takes_every_candidate_from_the_cache(tuned_build: tuple
     out = project / "dist-again"
     proc = build_no_isolation(project, out, env={**os.environ})
     log = proc.stdout + proc.stderr
-    assert log.count("ms per call, from cache") == 4 and "aoti: [1/1] mlp: from cache in" in log, log
-    assert re.search(r"^aoti: 1 model in [0-9.]+s \(1 from the cache\)$", log, re.M), log
+    assert log.count("ms per call, from cache") == 8 and "aoti: [1/1] mlp@bfloat16: from cache in" in log, log
+    assert re.search(r"^aoti: 1 model in [0-9.]+s \(2 variants: 2 from the cache\)$", log, re.M), log
     (again,) = out.glob("*.whl")
     assert again.read_bytes() == wheel.read_bytes()
     with zipfile.ZipFile(again) as zf:
         manifest = json.loads(zf.read("tunepkg/_aoti/manifest.json"))
-    assert manifest["models"]["mlp"]["tuning"]["chosen"]
+    entry = manifest["models"]["mlp"]
+    assert entry["tuning"]["chosen"] and entry["variants"][0]["tuning"]["chosen"], "each variant's own"
 
 
 @pytest.mark.integration
