@@ -325,10 +325,6 @@ def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] 
     """The arguments as JSON values (tuples as lists; a tensor as ``{"values": [...], "dtype": ...}`` where
     it is small, else ``{"constant": name}`` where it is one of ``named``), or None where one is not (a
     symbolic size, a tensor of no constant)."""
-    import torch
-
-    from hatch_aoti.loader import packing  # what the loader reads back
-
     out: list[Any] = []
     for arg in args:
         if isinstance(arg, (list, tuple)):
@@ -338,7 +334,7 @@ def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] 
             out.append(inner)
         elif arg is None or type(arg) in (bool, int, float, str):
             out.append(arg)
-        elif _small(arg, torch, packing.BY_VALUE, packing.VALUE_DTYPES):  # Inductor writes those into its code
+        elif _small(arg):  # Inductor writes those into its code
             out.append({"values": arg.reshape(-1).tolist(), "dtype": str(arg.dtype).removeprefix("torch.")})
         elif _place(arg) in named and len(_place(arg)) > 1:
             out.append({"constant": named[_place(arg)]})
@@ -347,12 +343,17 @@ def _json_args(args: list[Any], named: dict[tuple[Any, ...], str]) -> list[Any] 
     return out
 
 
-def _small(arg: Any, torch: Any, most: int, dtypes: tuple[str, ...]) -> bool:
+def _small(arg: Any) -> bool:
+    """A tensor the loader takes back by value (``loader.packing.BY_VALUE``, ``VALUE_DTYPES``)."""
+    import torch
+
+    from hatch_aoti.loader import packing
+
     return (
         isinstance(arg, torch.Tensor)
         and arg.dim() <= 1
-        and arg.numel() <= most
-        and str(arg.dtype).removeprefix("torch.") in dtypes
+        and arg.numel() <= packing.BY_VALUE
+        and str(arg.dtype).removeprefix("torch.") in packing.VALUE_DTYPES
         and bool(torch.isfinite(arg).all())
     )
 

@@ -55,7 +55,7 @@ MAPPED_WEIGHTS: dict[str, Any] = {
 #:   build time; the wheel ships those constants instead of the state dict;
 #: - weight prepacking, with the packed weights shipped as the dense tensors they come from
 #:   (oneDNN picks packed layouts for the CPU at hand): the loader packs the convolutions' again
-#:   for the CPU it runs on (``REPACKED``), and the linear layers' too where ``HATCH_AOTI_PACK=all``
+#:   for the CPU it runs on (``loader.packing.OPS``), and the linear layers' too where ``HATCH_AOTI_PACK=all``
 #:   says so (a copy of those weights in each process, for a few percent on some CPUs);
 #: - a GELU after a float32 linear layer runs as a kernel of its own, not as oneDNN's post-op
 #:   (``_torch_private.keep_gelu_apart``).
@@ -71,9 +71,6 @@ FAST_DEFAULTS: dict[str, Any] = {
     "freezing": True,
     "cpp.weight_prepack": True,
 }
-#: The packing ops recorded for the loader to run again, on the dense weights, as it loads the model
-#: (which of the optional ones it runs is the loader's choice: ``HATCH_AOTI_PACK``).
-REPACKED = OPS
 
 
 def fast_defaults(spec: ModelSpec, facts: ProgramFacts) -> dict[str, Any]:
@@ -143,7 +140,7 @@ def compile_program(exported: Any, out_dir: Path, configs: dict[str, Any], work:
     zero_pads_into_convolutions(exported)
     pt2, inductor = work / "model.pt2", work / "inductor"
     shutil.rmtree(inductor, ignore_errors=True)
-    packing = _torch_private.packed_weights(REPACKED) if packs_weights(configs) else contextlib.nullcontext()
+    packing = _torch_private.packed_weights(OPS) if packs_weights(configs) else contextlib.nullcontext()
     try:
         # Freezing folds weights only where no gradient can be asked for.
         with (

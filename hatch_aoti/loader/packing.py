@@ -67,33 +67,31 @@ def packed(torch: Any, name: str, packing: dict[str, Any], dense: Callable[[], t
     try:
         weights, _owner = dense()  # the owner keeps them alive while they are packed
     except Exception as exc:
-        if any(required(how) for how in packing.values()):
-            raise RuntimeError(f"compiled model {name!r}: cannot read its weights to pack them ({exc})") from None
-        warnings.warn(
-            f"compiled model {name!r}: cannot read its weights to pack them for this CPU ({type(exc).__name__}: "
-            f"{exc}); they run dense, convolutions reordered on every call",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        _cannot_pack(torch, name, "its weights", exc, needed=any(map(required, packing.values())))
         return {}
     found = {}
     for constant, how in sorted(packing.items(), key=lambda item: not required(item[1])):
         try:
             found[constant] = replay(torch, how, weights[constant], weights)
         except Exception as exc:
-            if required(how):
-                raise RuntimeError(
-                    f"compiled model {name!r}: torch {torch.__version__} could not pack its weight {constant} "
-                    f"({how['op']}) for this CPU ({type(exc).__name__}: {exc}), and it runs only packed"
-                ) from None
-            warnings.warn(  # the dense weights run everywhere, only slower
-                f"compiled model {name!r}: torch {torch.__version__} could not pack its weights for this CPU "
-                f"({type(exc).__name__}: {exc}); they run dense, convolutions reordered on every call",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            _cannot_pack(torch, name, f"its weight {constant} ({how['op']})", exc, needed=required(how))
             return {c: t for c, t in found.items() if required(packing[c])}
     return found
+
+
+def _cannot_pack(torch: Any, name: str, what: str, exc: Exception, *, needed: bool) -> None:
+    """An error where the model runs only packed; else a warning, and the weights run dense."""
+    if needed:
+        raise RuntimeError(
+            f"compiled model {name!r}: torch {torch.__version__} could not pack {what} for this CPU "
+            f"({type(exc).__name__}: {exc}), and it runs only packed"
+        ) from None
+    warnings.warn(  # the dense weights run everywhere, only slower
+        f"compiled model {name!r}: torch {torch.__version__} could not pack its weights for this CPU "
+        f"({type(exc).__name__}: {exc}); they run dense, convolutions reordered on every call",
+        RuntimeWarning,
+        stacklevel=5,
+    )
 
 
 #: The dtypes of the small tensors a packing's arguments hold by value, and how many values at most.

@@ -25,7 +25,8 @@ _CONV = {
     torch.ops.aten.convolution.default,
 }
 _NORM = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
-_CONV_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+#: torch's convolution layers (the precision variants' too).
+CONV_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
 def folded_batch_norms(
@@ -80,7 +81,7 @@ def _foldable(conv: torch.nn.Module, norm: torch.nn.Module) -> bool:
     """Only a float32 convolution of torch's own and a norm with running statistics, both in eval mode:
     what ``fuse_conv_bn_eval`` folds exactly."""
     return (
-        type(conv) in _CONV_LAYERS
+        type(conv) in CONV_LAYERS
         and isinstance(norm, torch.nn.modules.batchnorm._BatchNorm)
         and not conv.training
         and not norm.training

@@ -16,14 +16,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hatch_aoti.settings.constants import ACCURACY
+from hatch_aoti.worker.batchnorm import CONV_LAYERS, folded_batch_norms
 from hatch_aoti.worker.checks import Prepared
 from hatch_aoti.worker.verify import VerificationFailed, compare, copied, reference, run_or_fail
 
 #: Layers whose arithmetic a bfloat16 variant does in bfloat16. The rest (norms, softmax, residual
 #: additions, embeddings) stays in float32, which keeps a variant's error near OpenVINO's mixed
 #: precision rather than a whole-model cast's (docs/performance.md#precision-variants).
-BFLOAT16_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-CONVOLUTIONS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+BFLOAT16_LAYERS = (torch.nn.Linear, *CONV_LAYERS)
 
 
 #: The x86 target an int8 variant of a model built for the key's target is compiled for: Inductor's AVX2
@@ -93,10 +93,8 @@ def export(model: Prepared, args: Any, kwargs: Any, dynamic_shapes: Any) -> tupl
     precision, module = precision_of(model), model.module
     # an int8 variant's convolutions, without samples to calibrate them on, take the next variant's precision
     later = model.spec.precision[1:2] if precision == "int8" and not model.calibration else ()
-    convolutions = later == ("bfloat16",) and any(isinstance(m, CONVOLUTIONS) for m in module.modules())
+    convolutions = later == ("bfloat16",) and any(isinstance(m, CONV_LAYERS) for m in module.modules())
     if precision == "bfloat16" or convolutions:
-        from hatch_aoti.worker.batchnorm import folded_batch_norms
-
         module, _ = folded_batch_norms(module, args, kwargs, dynamic_shapes)
     if precision == "int8":
         from hatch_aoti.worker.int8 import int8_program
