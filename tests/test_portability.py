@@ -172,6 +172,14 @@ def test_weights_the_loader_cannot_pack_run_dense_with_a_warning_unless_they_run
     assert loader.packing.packed(torch, "m", {"q": by_value}, dense)["q"].is_mkldnn
     with pytest.raises(RuntimeError, match=r"'m': .* could not pack its weight q \(onednn::qconv_prepack\)"):
         loader.packing.packed(torch, "m", {**good, "q": {**int8, "args": []}}, dense)
+
+    def unreadable() -> tuple[dict[str, torch.Tensor], None]:
+        raise OSError("the library's weights could not be read")
+
+    with pytest.warns(RuntimeWarning, match="'m': torch .* could not pack its weights for this CPU"):
+        assert loader.packing.packed(torch, "m", good, unreadable) == {}
+    with pytest.raises(RuntimeError, match="could not pack its weights for this CPU .*, and it runs only packed"):
+        loader.packing.packed(torch, "m", {**good, "q": int8}, unreadable)
     with pytest.raises(RuntimeError, match="mkldnn::no_such_packing is not a packing op this loader runs"):
         loader.packing.packed(torch, "m", {"w": {"op": "mkldnn::no_such_packing", "args": []}}, dense)
 

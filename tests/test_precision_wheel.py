@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -283,3 +284,26 @@ def test_a_rebuild_with_another_list_of_precisions_takes_its_variants_from_the_c
     assert "(4 variants: 4 from the cache)" in log, log
     (wheel,) = (project / "dist").glob("*.whl")
     assert not any("net@bfloat16" in n for n in zipfile.ZipFile(wheel).namelist())
+
+
+@pytest.mark.integration
+def test_an_int8_weight_the_library_lacks_is_a_clear_error_not_a_crash(
+    precision_site: Path, runtime: Runtime, tmp_path: Path
+) -> None:
+    """oneDNN's int8 kernels read only packed weights: one whose packing names a weight the library does not
+    have would run on nothing packed."""
+    if not runs_here(precision_site, "int8"):
+        pytest.skip("this CPU does not run the int8 variant")
+    site = Path(shutil.copytree(precision_site, tmp_path / "site"))
+    path = site / "prec" / "_aoti" / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    (int8,) = [v for v in manifest["models"]["net"]["variants"] if v["precision"] == "int8"]
+    first = sorted(int8["packing"])[0]
+    int8["packing"]["_no_such_weight"] = int8["packing"].pop(first)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    code = f"import sys; sys.path.insert(0, {str(site)!r})\nfrom prec import compiled\n"
+    code += "compiled.load('net', precision='int8')"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HATCH_AOTI_PRECISION")}
+    proc = subprocess.run([str(runtime.python), "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "its library has no weight _no_such_weight to pack, and runs only with it packed" in proc.stderr
