@@ -157,18 +157,19 @@ def test_without_calibration_convolutions_stay_float32() -> None:
 
 
 class Block(nn.Module):
-    """GPT-2's use of transformers' Conv1D: an attention projection and an MLP, one Conv1D used twice."""
+    """GPT-2's use of transformers' Conv1D: an attention projection and an MLP with GPT-2's GELU, one
+    Conv1D used twice."""
 
-    def __init__(self, conv1d: Any) -> None:
+    def __init__(self, conv1d: Any, act: Any) -> None:
         super().__init__()
         self.attn, self.fc, self.proj = conv1d(96, 32), conv1d(64, 32), conv1d(32, 64)
         self.twice = self.proj
-        self.norm = nn.LayerNorm(32)
+        self.norm, self.act = nn.LayerNorm(32), act
 
     def forward(self, x, *, scale):  # type: ignore[no-untyped-def]
         q, k, v = self.attn(self.norm(x)).split(32, dim=-1)
         h = x + torch.nn.functional.scaled_dot_product_attention(q, k, v) * scale
-        m = torch.nn.functional.gelu(self.fc(h))
+        m = self.act(self.fc(h))
         return self.proj(m) + self.twice(m * 0.5)
 
 
@@ -191,10 +192,30 @@ def test_transformers_conv1d_layers_are_quantized_as_linear_ones() -> None:
         assert_close(program.module()(x, scale=scale), model(x, scale=scale))
 
 
+def test_gelu_written_out_becomes_the_one_op_inductor_runs_inside_the_int8_product() -> None:
+    """GPT-2's GELU (transformers' ``gelu_new``), written out with ``tanh``, is ``gelu(approximate="tanh")`` in
+    the program; a formula that is not quite it (transformers' ``gelu_fast``) stays as it is."""
+    activations = pytest.importorskip("transformers.activations")
+    gelu = torch.ops.aten.gelu.default
+    for act, turned in ((activations.NewGELUActivation(), True), (activations.FastGELUActivation(), False)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), act, nn.Linear(64, 8), act).eval()
+        x = torch.randn(4, 32)
+        program, _ = int8_program(model, (x,), {}, None, None)
+        ops = [n for n in program.graph.nodes if n.op == "call_function"]
+        tanh = [n for n in ops if n.target is torch.ops.aten.tanh.default]
+        if turned:
+            assert [n.kwargs for n in ops if n.target is gelu] == [{"approximate": "tanh"}] * 2 and not tanh
+        else:
+            assert len(tanh) == 2 and not any(n.target is gelu for n in ops)
+        assert_close(program.module()(x), model(x))
+
+
 def conv1d_block() -> nn.Module:
     transformers = pytest.importorskip("transformers.pytorch_utils")
+    activations = pytest.importorskip("transformers.activations")
     torch.manual_seed(0)
-    return Block(transformers.Conv1D).eval()
+    return Block(transformers.Conv1D, activations.NewGELUActivation()).eval()
 
 
 class Narrow(nn.Module):

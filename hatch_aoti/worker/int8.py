@@ -8,6 +8,8 @@ transformers' ``Conv1D`` (GPT-2's layers: an ``addmm`` with a transposed weight)
 too: the program is exported from a structural copy of the module in which each is an ``nn.Linear``
 whose weight is a transposed view of the ``Conv1D``'s own, so that the quantizer takes it, while the
 module itself (the float32 reference that verification runs) stays as it was and no weight is copied.
+A GELU written out in its tanh form (GPT-2's too) becomes the one op it computes, which Inductor
+fuses into the int8 product before it.
 
 The program compiles to oneDNN's int8 kernels where Inductor freezes it (``freezing``, under
 ``torch.no_grad()``) in a process where torchao's x86 lowering passes are registered: importing its
@@ -24,6 +26,7 @@ a program is made, never by the rest of the worker.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +106,7 @@ def int8_program(
     with torch.no_grad():
         graph = torch.export.export(linear_layers, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes).module()
         graph.graph.eliminate_dead_code()  # an unused output (BERT's pooler) is a layer with no output to annotate
-        graph.recompile()
+        _tanh_gelus(graph)
         prepared = prepare_pt2e(graph, quantizer)
         for sample_args, sample_kwargs in samples:  # the weights' observers need one
             prepared(*sample_args, **sample_kwargs)
@@ -180,6 +183,32 @@ def _as_linear(conv1d: torch.nn.Module) -> torch.nn.Linear:
     if bias is not None:
         linear.bias = bias  # type: ignore[assignment]
     return linear
+
+
+def _written_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation as transformers writes it out (``gelu_new``: GPT-2, GPT-J, CodeGen, Phi)."""
+    return x * 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.gelu.default(x, approximate="tanh")
+
+
+def _tanh_gelus(graph: torch.fx.GraphModule) -> int:
+    """Turn each GELU written out as :func:`_written_gelu` into the one op it computes, ``aten.gelu`` with
+    ``approximate="tanh"``, which Inductor runs inside the int8 product before it as a oneDNN post-op,
+    where the written one takes a kernel of its own (figures: docs/performance.md#precision-variants).
+    How many it turned; the graph is recompiled."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.subgraph_rewriter import replace_pattern_with_filters
+
+    x = torch.empty(1)
+    turned = replace_pattern_with_filters(graph, make_fx(_written_gelu)(x), make_fx(_gelu)(x))
+    for match in turned:
+        for node in match.replacements:  # the quantizer reads what each node computes
+            node.meta = dict(match.anchor.meta)
+    graph.recompile()
+    return len(turned)
 
 
 def _convolutions_in(graph: torch.fx.GraphModule, dtype: torch.dtype) -> int:
