@@ -192,9 +192,10 @@ def test_transformers_conv1d_layers_are_quantized_as_linear_ones() -> None:
         assert_close(program.module()(x, scale=scale), model(x, scale=scale))
 
 
-def test_gelu_written_out_becomes_the_one_op_inductor_runs_inside_the_int8_product() -> None:
+def test_gelu_written_out_in_its_tanh_form_becomes_one_op_in_the_int8_program() -> None:
     """GPT-2's GELU (transformers' ``gelu_new``), written out with ``tanh``, is ``gelu(approximate="tanh")`` in
-    the program; a formula that is not quite it (transformers' ``gelu_fast``) stays as it is."""
+    the program, which Inductor fuses into the int8 product; a formula written another way (transformers'
+    ``gelu_fast``) stays as it is."""
     activations = pytest.importorskip("transformers.activations")
     gelu = torch.ops.aten.gelu.default
     for act, turned in ((activations.NewGELUActivation(), True), (activations.FastGELUActivation(), False)):

@@ -195,19 +195,22 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 def _tanh_gelus(graph: torch.fx.GraphModule) -> int:
-    """Turn each GELU written out as :func:`_written_gelu` into the one op it computes, ``aten.gelu`` with
-    ``approximate="tanh"``, which Inductor runs inside the int8 product before it as a oneDNN post-op,
-    where the written one takes a kernel of its own (figures: docs/performance.md#precision-variants).
-    How many it turned; the graph is recompiled."""
+    """Turn each GELU written out as :func:`_written_gelu`, of a floating-point tensor, into the one op it
+    computes, ``aten.gelu`` with ``approximate="tanh"``, which Inductor runs inside the int8 product
+    before it as a oneDNN post-op, where the written one takes a kernel of its own (figures:
+    docs/performance.md#precision-variants). How many it turned; the graph is recompiled."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.subgraph_rewriter import replace_pattern_with_filters
 
+    def floating(match: Any, original: torch.fx.Graph, pattern: torch.fx.Graph) -> bool:
+        value = match.placeholder_nodes[0].meta.get("val")
+        return isinstance(value, torch.Tensor) and value.is_floating_point()
+
     x = torch.empty(1)
-    turned = replace_pattern_with_filters(graph, make_fx(_written_gelu)(x), make_fx(_gelu)(x))
+    turned = replace_pattern_with_filters(graph, make_fx(_written_gelu)(x), make_fx(_gelu)(x), [floating])
     for match in turned:
-        for node in match.replacements:  # the quantizer reads what each node computes
-            node.meta = dict(match.anchor.meta)
-    graph.recompile()
+        for node in match.replacements:  # the quantizer reads what each node computes, and where it comes from
+            node.meta = dict(match.nodes_map[match.anchor].meta)
     return len(turned)
 
 
